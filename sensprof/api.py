@@ -1,0 +1,41 @@
+"""The Python entry points: profile a model in one call and get pandas tables back."""
+
+from __future__ import annotations
+
+from .data import bos_prefix, load_text, make_windows, text_digest, tokenize
+from .errors import SensprofError
+
+
+def load_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 0, exclude=None):
+    """Deterministic token windows from the built-in corpus or files: (ids [W, T], text name, digest)."""
+    if seq_len < 2:
+        raise SensprofError(f"--seq-len {seq_len} is too short; use at least 2")
+    text, name = load_text(text_files)
+    ids, _ = make_windows(tokenize(tokenizer, text), seq_len, windows, seed, bos_prefix(tokenizer), exclude)
+    return ids, name, text_digest(text)
+
+
+def profile(model="smollm2-135m", schemes=None, *, tokenizer=None, text=None, seq_len=256, windows=2, seed=0,
+            layers=None, out_dir=None, device="auto", dtype=None, variants_per_pass=1, progress=True):
+    """Profile a model (an id/path/alias, or a loaded transformers model with its tokenizer).
+
+    Returns a `Profile` whose `.table` is a pandas DataFrame (one row per layer x tensor x scheme).
+    """
+    from .models import load_model
+    from .profile import run_profile
+    from .schemes import DEFAULT_SCHEMES, parse_schemes
+
+    model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", type(model).__name__)
+    if isinstance(model, str):
+        loaded = load_model(model, device, dtype)
+        model, tokenizer = loaded.model, loaded.tokenizer
+    elif tokenizer is None:
+        raise SensprofError("pass the tokenizer along with a loaded model")
+    else:
+        from .hooks import register
+
+        register()
+    ids, name, digest = load_windows(tokenizer, [text] if isinstance(text, str) else text, seq_len, windows, seed)
+    return run_profile(model, ids, parse_schemes(schemes or list(DEFAULT_SCHEMES)), layers=layers, out_dir=out_dir,
+                       model_id=model_id, text_name=name, text_digest=digest, seed=seed,
+                       variants_per_pass=variants_per_pass, progress=progress)

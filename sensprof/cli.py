@@ -1,0 +1,160 @@
+"""Command line: parse arguments, call the library, turn bad input into one line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+from .errors import SensprofError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        raise SensprofError(f"{message}; see `{self.prog} --help`")
+
+
+def _add_model_args(p):
+    p.add_argument("--model", default="smollm2-135m",
+                   help="hub id, local model directory, .gguf file, or built-in alias smollm2-135m (default)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda if available)")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--device-map", default=None, help="pass 'auto' to spread a large model over GPUs (accelerate)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code from the hub")
+
+
+def _add_text_args(p, seq_len=256, windows=2):
+    p.add_argument("--text", action="append", metavar="FILE",
+                   help="plain-text or JSONL ({\"text\": ...}) file; repeatable (default: Python's pydoc topics)")
+    p.add_argument("--seq-len", type=int, default=seq_len, help=f"tokens per window (default {seq_len})")
+    p.add_argument("--windows", type=int, default=windows, help=f"number of windows (default {windows})")
+    p.add_argument("--seed", type=int, default=0, help="which windows of the text are taken (default 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .schemes import DEFAULT_SCHEMES
+
+    parser = _Parser(prog="sensprof", description="Per-layer Key/Value cache quantization sensitivity for causal LMs.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
+
+    p = sub.add_parser("profile", help="measure the damage of quantizing each layer's K and V with each scheme")
+    _add_model_args(p)
+    _add_text_args(p)
+    p.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
+                   help="comma-separated scheme names (see `sensprof schemes`); default: " + ",".join(DEFAULT_SCHEMES))
+    p.add_argument("--layers", default=None, help="subset of layers, e.g. 0-11 or 0,5,7-9 (default: all)")
+    p.add_argument("--out", default=None, help="output directory (default: profiles/<model>); re-running resumes")
+    p.add_argument("--variants-per-pass", type=int, default=1,
+                   help="schemes evaluated together in one batched forward (raise on a GPU; default 1)")
+    p.add_argument("--naive", action="store_true",
+                   help="run a full forward per cell instead of replaying from the quantized layer (for benchmarks)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+
+    m = sub.add_parser("merge", help="join profiles of the same model/settings computed for different layers")
+    m.add_argument("dirs", nargs="+", help="profile directories")
+    m.add_argument("--out", required=True, help="directory for the merged profile")
+
+    s = sub.add_parser("summary", help="print the summary table of a profile directory")
+    s.add_argument("dir", help="profile directory")
+
+    sub.add_parser("schemes", help="list the quantization schemes and their storage cost")
+    return parser
+
+
+def default_out_dir(model: str) -> str:
+    name = os.path.basename(model.rstrip("/")) if os.path.exists(model) else model
+    return os.path.join("profiles", re.sub(r"[^A-Za-z0-9._-]+", "_", name.removesuffix(".gguf")))
+
+
+def cmd_profile(args) -> int:
+    from .api import load_windows
+    from .models import load_model, max_positions
+    from .profile import run_profile
+    from .schemes import parse_schemes
+    from .summary import summarize
+    from .table import parse_layers
+
+    schemes = parse_schemes(args.schemes)
+    if args.windows < 1:
+        raise SensprofError("--windows must be at least 1")
+    if args.variants_per_pass < 1:
+        raise SensprofError("--variants-per-pass must be at least 1")
+    loaded = load_model(args.model, args.device, args.dtype, args.device_map, args.trust_remote_code)
+    from .models import describe_layers
+
+    layers = parse_layers(args.layers, len(describe_layers(loaded.model)))
+    limit = max_positions(loaded.model)
+    if limit is not None and args.seq_len > limit:
+        raise SensprofError(f"--seq-len {args.seq_len} is beyond the model's {limit} positions; use --seq-len <= {limit}")
+    ids, text_name, digest = load_windows(loaded.tokenizer, args.text, args.seq_len, args.windows, args.seed)
+    out = args.out or default_out_dir(args.model)
+    prof = run_profile(loaded.model, ids, schemes, layers=layers, out_dir=out, model_id=args.model,
+                       text_name=text_name, text_digest=digest, seed=args.seed,
+                       variants_per_pass=args.variants_per_pass, replay=not args.naive, progress=not args.quiet)
+    if not args.quiet:
+        print(summarize(prof))
+        print(f"\nwrote {out}/ (profile.csv, heads.csv, stats.csv, calibration.json, meta.json)")
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from .table import merge_profiles
+
+    meta = merge_profiles(args.dirs, args.out)
+    state = "complete" if meta["complete"] else f"partial ({len(meta['layers_done'])}/{len(meta['layers'])} layers)"
+    print(f"merged {len(args.dirs)} profiles into {args.out}: {state}")
+    return 0
+
+
+def cmd_summary(args) -> int:
+    from .summary import summarize
+    from .table import load_profile
+
+    print(summarize(load_profile(args.dir)))
+    return 0
+
+
+def cmd_schemes(args) -> int:
+    from .memory import bits_per_element
+    from .schemes import REGISTRY
+
+    print(f"{'scheme':<22}{'bits/elt (head_dim 64)':>24}{'bits/elt (128)':>16}  description")
+    for s in REGISTRY.values():
+        print(f"{s.name:<22}{bits_per_element(s, 64):>24.3f}{bits_per_element(s, 128):>16.3f}  {s.description}")
+    print("\nmodifiers: _pre (keys before RoPE), _r<R> (R most recent tokens in full precision), "
+          "_s<S> (S first tokens in full precision), e.g. int4_c32_pre_r128")
+    return 0
+
+
+COMMANDS = {"profile": cmd_profile, "merge": cmd_merge, "summary": cmd_summary, "schemes": cmd_schemes}
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return 2
+        return COMMANDS[args.command](args)
+    except SensprofError as e:
+        print(f"sensprof: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sensprof: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("sensprof: error: out of memory; use fewer --windows, a shorter --seq-len or --variants-per-pass 1",
+              file=sys.stderr)
+        return 2
+    except Exception as e:  # out-of-memory on a GPU surfaces as a RuntimeError subclass
+        if type(e).__name__ == "OutOfMemoryError":
+            print("sensprof: error: GPU out of memory; use fewer --windows, a shorter --seq-len or "
+                  "--variants-per-pass 1", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Text to token windows: the built-in corpus (Python's own docs) or the user's files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+
+from .errors import SensprofError
+
+
+def builtin_corpus() -> str:
+    """Real English prose that ships with every Python: the pydoc topic pages."""
+    from pydoc_data import topics
+
+    return "\n\n".join(topics.topics[k] for k in sorted(topics.topics))
+
+
+def read_text_file(path: str) -> str:
+    """Plain text, or JSONL whose lines carry a `text` field."""
+    if not os.path.isfile(path):
+        raise SensprofError(f"text file {path!r} does not exist; check --text")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = f.read()
+    except UnicodeDecodeError:
+        raise SensprofError(f"text file {path!r} is not UTF-8 text; pass plain text or JSONL") from None
+    if path.endswith((".jsonl", ".json")):
+        parts = []
+        for n, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise SensprofError(f"{path}:{n} is not valid JSON; JSONL needs one object per line") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                raise SensprofError(f"{path}:{n} has no string 'text' field; JSONL lines need {{\"text\": ...}}")
+            parts.append(obj["text"])
+        return "\n\n".join(parts)
+    return raw
+
+
+def load_text(paths: list[str] | None) -> tuple[str, str]:
+    """Return (text, a name for the metadata)."""
+    if not paths:
+        return builtin_corpus(), "builtin:pydoc_data.topics"
+    return "\n\n".join(read_text_file(p) for p in paths), ",".join(os.path.basename(p) for p in paths)
+
+
+def tokenize(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def bos_prefix(tokenizer) -> list[int]:
+    """The tokens the tokenizer itself puts before a text (a BOS for most Llama-likes, none for some)."""
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    bare = tokenizer("a", add_special_tokens=False)["input_ids"]
+    return ids[: len(ids) - len(bare)] if ids[len(ids) - len(bare):] == bare else []
+
+
+def make_windows(tokens: list[int], seq_len: int, n_windows: int, seed: int = 0,
+                 prefix: list[int] | None = None, exclude: set[int] | None = None):
+    """Pick n non-overlapping windows from aligned slots, deterministically for a seed.
+
+    Returns (tensor [n, seq_len], slot indices) so another stage can take windows other than these.
+    """
+    import torch
+
+    prefix = prefix or []
+    body = seq_len - len(prefix)
+    if seq_len < 2 or body < 1:
+        raise SensprofError(f"--seq-len {seq_len} is too short; use at least {len(prefix) + 2}")
+    slots = len(tokens) // body
+    if slots < 1:
+        raise SensprofError(
+            f"the text has {len(tokens)} tokens, shorter than one window of {seq_len}; pass a longer --text "
+            "or a smaller --seq-len")
+    free = [s for s in range(slots) if not exclude or s not in exclude]
+    if len(free) < n_windows:
+        raise SensprofError(
+            f"the text holds {len(free)} free windows of {seq_len} tokens but {n_windows} were asked for; "
+            "pass a longer --text, fewer --windows or a smaller --seq-len")
+    chosen = sorted(random.Random(seed).sample(free, n_windows))
+    rows = [prefix + tokens[s * body:(s + 1) * body] for s in chosen]
+    return torch.tensor(rows, dtype=torch.long), chosen
+
+
+def text_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,183 @@
+"""Intercept attention through transformers' own interfaces, and always clean up.
+
+sensprof registers an attention function named "sensprof" (AttentionInterface) that calls the
+model's own eager attention, and lets a per-layer *tap* see or change the layer's cached K and V
+(post-RoPE, exactly what a cache stores) on the way. No modeling file is forked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+ATTN_NAME = "sensprof"
+_TAPS: dict[int, object] = {}  # id(attention module) -> tap
+_registered = False
+
+
+def _generic_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Fallback for modeling modules without an eager_attention_forward of their own."""
+    groups = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(groups, dim=1)
+    v = value.repeat_interleave(groups, dim=1)
+    scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    w = torch.matmul(query, k.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        w = w + attention_mask[..., : k.shape[-2]]
+    w = torch.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(w, v).transpose(1, 2).contiguous(), w
+
+
+def model_eager(module):
+    """The eager attention of the module's own modeling file (softcapping, sinks and all)."""
+    return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", _generic_eager)
+
+
+def _sensprof_attention(module, query, key, value, attention_mask, **kwargs):
+    eager = model_eager(module)
+    tap = _TAPS.get(id(module))
+    if tap is None:
+        return eager(module, query, key, value, attention_mask, **kwargs)
+    return tap(eager, module, query, key, value, attention_mask, kwargs)
+
+
+def register():
+    """Make "sensprof" a valid attn_implementation (with the eager mask) for any model."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(ATTN_NAME, _sensprof_attention)
+    AttentionMaskInterface.register(ATTN_NAME, eager_mask)
+    _registered = True
+
+
+# ---------------------------------------------------------------- RoPE helpers
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' rotate-half RoPE on [B, H, T, D]; partial rotary leaves the tail as is."""
+    cos, sin = cos.unsqueeze(1).to(x.dtype), sin.unsqueeze(1).to(x.dtype)
+    rd = cos.shape[-1]
+    rot, rest = x[..., :rd], x[..., rd:]
+    out = rot * cos + _rotate_half(rot) * sin
+    return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+
+
+def undo_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return apply_rope(x, cos, -sin)
+
+
+# ---------------------------------------------------------------- the context manager
+
+
+@dataclass
+class TapSession:
+    """Holds what taps need between calls: each layer's RoPE (cos, sin) of the current forward."""
+
+    model: object
+    attn_modules: list
+    rope: dict = field(default_factory=dict)
+
+    def set_tap(self, layer: int, tap) -> None:
+        _TAPS[id(self.attn_modules[layer])] = tap
+
+    def clear_taps(self) -> None:
+        for m in self.attn_modules:
+            _TAPS.pop(id(m), None)
+
+
+@contextlib.contextmanager
+def attention_taps(model):
+    """Route the model's attention through sensprof; restore everything on exit, even on error."""
+    from .models import decoder_layers
+
+    register()
+    layers = decoder_layers(model)
+    attn_modules = [layer.self_attn for layer in layers]
+    session = TapSession(model, attn_modules)
+    handles = []
+
+    def capture_rope(index):
+        def hook(module, args, kwargs):
+            pe = kwargs.get("position_embeddings")
+            if pe is None and len(args) > 1:
+                pe = args[1]
+            session.rope[index] = pe if isinstance(pe, (tuple, list)) and len(pe) == 2 else None
+
+        return hook
+
+    previous = model.config._attn_implementation
+    try:
+        for i, m in enumerate(attn_modules):
+            handles.append(m.register_forward_pre_hook(capture_rope(i), with_kwargs=True))
+        model.set_attn_implementation(ATTN_NAME)
+        yield session
+    finally:
+        session.clear_taps()
+        for h in handles:
+            h.remove()
+        model.set_attn_implementation(previous)
+
+
+@contextlib.contextmanager
+def replay_from(model, start: int, layer_outputs: dict, repeat: int = 1):
+    """Skip decoder layers before `start`: they return the recorded output of layer start-1.
+
+    Layers before the perturbed one compute exactly the baseline, so recomputing them is waste.
+    """
+    from .models import decoder_layers
+
+    layers = decoder_layers(model)
+    if start <= 0:
+        yield
+        return
+    out = layer_outputs[start - 1]
+
+    def repeated(o):
+        if isinstance(o, torch.Tensor):
+            return o.repeat(repeat, *([1] * (o.dim() - 1))) if repeat > 1 else o
+        if isinstance(o, tuple):
+            return tuple(repeated(x) for x in o)
+        return o
+
+    cached = repeated(out)
+    saved = []
+    try:
+        for layer in layers[:start]:
+            saved.append(layer.__dict__.get("forward"))
+            layer.forward = lambda *a, **k: cached
+        yield
+    finally:
+        for layer, fwd in zip(layers[:start], saved):
+            if fwd is None:
+                del layer.forward
+            else:
+                layer.forward = fwd
+
+
+@contextlib.contextmanager
+def record_layer_outputs(model, store: dict):
+    from .models import decoder_layers
+
+    handles = []
+    try:
+        for i, layer in enumerate(decoder_layers(model)):
+            def hook(module, args, output, i=i):
+                store[i] = output.detach() if isinstance(output, torch.Tensor) else tuple(
+                    o.detach() if isinstance(o, torch.Tensor) else o for o in output)
+            handles.append(layer.register_forward_hook(hook))
+        yield store
+    finally:
+        for h in handles:
+            h.remove()

@@ -1,0 +1,69 @@
+"""Damage measures: end-to-end (next-token distribution) and local (one layer's attention)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def log_probs(logits: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def token_kl(base_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(baseline ‖ quantized) of the next-token distribution at every position: [W, T]."""
+    logp = log_probs(logits)
+    return (base_logp.exp() * (base_logp - logp)).sum(-1).clamp_min(0.0)
+
+
+def token_nll(logp: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """NLL of each next token (positions 0..T-2 predict tokens 1..T-1): [W, T-1]."""
+    return -logp[:, :-1].gather(-1, input_ids[:, 1:, None].to(logp.device)).squeeze(-1)
+
+
+def attention_kl(p_base: torch.Tensor, p_quant: torch.Tensor) -> torch.Tensor:
+    """Mean over batch and queries of KL between attention rows, per query head: [Hq]."""
+    pb, pq = p_base.double(), p_quant.double()
+    kl = torch.xlogy(pb, pb) - torch.xlogy(pb, pq.clamp_min(1e-300))
+    return kl.sum(-1).clamp_min(0.0).mean(dim=(0, 2))
+
+
+def relative_l2(out_base: torch.Tensor, out_quant: torch.Tensor) -> torch.Tensor:
+    """||O_q - O_b|| / ||O_b|| per query head, for attention outputs [B, T, Hq, D]: [Hq]."""
+    ob, oq = out_base.double(), out_quant.double()
+    num = (oq - ob).pow(2).sum(dim=(0, 1, 3)).sqrt()
+    den = ob.pow(2).sum(dim=(0, 1, 3)).sqrt().clamp_min(1e-300)
+    return num / den
+
+
+class MomentStats:
+    """Streaming per-head, per-channel absmax and pooled moments of one cached tensor."""
+
+    def __init__(self):
+        self.chan_absmax = None  # [H, D]
+        self.moments = torch.zeros(5, dtype=torch.float64)  # n, sum x, x^2, x^3, x^4
+
+    def update(self, x: torch.Tensor) -> None:
+        """x: [B, H, T, D]"""
+        a = x.detach().abs().amax(dim=(0, 2)).float().cpu()
+        self.chan_absmax = a if self.chan_absmax is None else torch.maximum(self.chan_absmax, a)
+        xd = x.detach().double().reshape(-1)
+        self.moments += torch.stack([torch.tensor(float(xd.numel()), dtype=torch.float64), xd.sum(),
+                                     xd.pow(2).sum(), xd.pow(3).sum(), xd.pow(4).sum()]).cpu()
+
+    @property
+    def head_absmax(self) -> torch.Tensor:
+        return self.chan_absmax.amax(-1)
+
+    def outlier_ratio(self) -> torch.Tensor:
+        """Per head: largest channel absmax over the median channel absmax."""
+        med = self.chan_absmax.median(dim=-1).values.clamp_min(1e-12)
+        return self.chan_absmax.amax(-1) / med
+
+    def kurtosis(self) -> float:
+        n, s1, s2, s3, s4 = (float(v) for v in self.moments)
+        mu = s1 / n
+        var = s2 / n - mu * mu
+        if var <= 0:
+            return float("nan")
+        m4 = s4 / n - 4 * mu * s3 / n + 6 * mu * mu * s2 / n - 3 * mu**4
+        return m4 / (var * var)

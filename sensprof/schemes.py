@@ -1,0 +1,178 @@
+"""Quantization schemes as data: one frozen dataclass, one registry, one name grammar.
+
+Imports no torch, so the planner and exporters can use the registry too.
+A name is a base scheme plus optional modifiers, in this order:
+``_pre`` (keys quantized before RoPE), ``_r<R>`` (the most recent R tokens kept in full
+precision), ``_s<S>`` (the first S "sink" tokens kept in full precision), e.g. ``int4_c32_pre_r128``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from .errors import SensprofError
+
+FORMATS = ("none", "int", "fp8_e4m3", "fp8_e5m2")
+# How statistics are grouped over a cached tensor of shape [batch, kv_heads, tokens, head_dim]:
+#   tensor  one scale for the layer's whole tensor       head     one scale per KV head
+#   token   per token, over groups of G channels         channel  per channel, over groups of G tokens
+GRANULARITIES = ("tensor", "head", "token", "channel")
+# How codes are derived:
+#   fp8         scaled cast to a float8 format (saturating)
+#   absmax      symmetric integers in [-(2^(b-1)-1), 2^(b-1)-1], scale = absmax / (2^(b-1)-1)
+#   signed_max  llama.cpp q4_0/q5_0: scale = (value of largest magnitude) / -2^(b-1), codes 0..2^b-1
+#   minmax      asymmetric: scale = (max-min)/(2^b-1), zero-point = min (KIVI, llama.cpp q4_1/q5_1)
+CODECS = ("none", "fp8", "absmax", "signed_max", "minmax")
+SCALE_SOURCES = ("none", "dynamic", "unit", "calibrated")
+FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How one cached tensor (a layer's K or V) is stored."""
+
+    name: str
+    format: str
+    bits: int
+    codec: str
+    granularity: str = "tensor"
+    group: int | None = None  # token: channels per group (None = whole head); channel: tokens per group
+    scale_source: str = "dynamic"
+    scale_bits: int = 16  # storage of each per-group/per-token scale
+    zero_bits: int = 0  # storage of each per-group zero-point
+    pre_rope: bool = False
+    residual: int = 0
+    sink: int = 0
+    description: str = ""
+
+    def __post_init__(self):
+        def bad(what):
+            raise SensprofError(f"invalid scheme {self.name!r}: {what}")
+
+        if self.format not in FORMATS:
+            bad(f"format {self.format!r} is not one of {FORMATS}")
+        if self.codec not in CODECS:
+            bad(f"codec {self.codec!r} is not one of {CODECS}")
+        if self.granularity not in GRANULARITIES:
+            bad(f"granularity {self.granularity!r} is not one of {GRANULARITIES}")
+        if self.scale_source not in SCALE_SOURCES:
+            bad(f"scale source {self.scale_source!r} is not one of {SCALE_SOURCES}")
+        if self.format == "int" and not 2 <= self.bits <= 8:
+            bad("integer schemes need 2..8 bits")
+        if self.format.startswith("fp8") and (self.bits != 8 or self.codec != "fp8"):
+            bad("fp8 formats use the fp8 codec and 8 bits")
+        if self.group is not None and self.group < 1:
+            bad("group must be positive")
+        if self.granularity == "channel" and self.group is None:
+            bad("per-channel schemes need a token group size")
+        if self.residual < 0 or self.sink < 0:
+            bad("residual and sink must be >= 0")
+        if self.scale_source == "calibrated" and self.granularity not in ("tensor", "head"):
+            bad("calibrated scales are per tensor or per head")
+
+    @property
+    def is_identity(self) -> bool:
+        return self.format == "none"
+
+    def applies_to(self, tensor: str) -> bool:
+        """Pre-RoPE storage only means something for keys."""
+        return not (self.pre_rope and tensor != "K")
+
+
+def _base_schemes() -> list[QuantScheme]:
+    s: list[QuantScheme] = [
+        QuantScheme("none", "none", 16, "none", scale_source="none", scale_bits=0,
+                    description="unquantized: the model dtype (16-bit storage)"),
+    ]
+    for fmt in ("fp8_e4m3", "fp8_e5m2"):
+        s += [
+            QuantScheme(fmt, fmt, 8, "fp8", "tensor", scale_source="unit", scale_bits=0,
+                        description=f"{fmt}, scale 1.0: what serving engines do uncalibrated"),
+            QuantScheme(f"{fmt}_cal", fmt, 8, "fp8", "tensor", scale_source="calibrated", scale_bits=0,
+                        description=f"{fmt}, one calibrated scale per layer (absmax / fp8 max)"),
+            QuantScheme(f"{fmt}_head", fmt, 8, "fp8", "head", scale_source="calibrated", scale_bits=0,
+                        description=f"{fmt}, one calibrated scale per KV head"),
+        ]
+    s += [
+        QuantScheme("fp8_per_token_head", "fp8_e4m3", 8, "fp8", "token", None, "dynamic", 32,
+                    description="vLLM fp8_per_token_head: e4m3 with a dynamic fp32 scale per token and head"),
+        QuantScheme("int8", "int", 8, "absmax", "tensor", scale_source="calibrated", scale_bits=0,
+                    description="int8 symmetric, one calibrated scale per layer"),
+        QuantScheme("int8_per_token_head", "int", 8, "absmax", "token", None, "dynamic", 32,
+                    description="vLLM int8_per_token_head: symmetric, dynamic fp32 scale per token and head"),
+        QuantScheme("int4_per_token_head", "int", 4, "absmax", "token", None, "dynamic", 32,
+                    description="vLLM int4_per_token_head: symmetric, dynamic fp32 scale per token and head"),
+        # llama.cpp cache types: per token, blocks of 32 along the head dimension, fp16 scales.
+        QuantScheme("q8_0", "int", 8, "absmax", "token", 32, "dynamic", 16,
+                    description="llama.cpp q8_0: symmetric 8-bit blocks of 32, fp16 scale"),
+        QuantScheme("q4_0", "int", 4, "signed_max", "token", 32, "dynamic", 16,
+                    description="llama.cpp q4_0: symmetric 4-bit blocks of 32, fp16 scale"),
+        QuantScheme("q4_1", "int", 4, "minmax", "token", 32, "dynamic", 16, 16,
+                    description="llama.cpp q4_1: 4-bit blocks of 32 with fp16 scale and min"),
+        QuantScheme("q5_0", "int", 5, "signed_max", "token", 32, "dynamic", 16,
+                    description="llama.cpp q5_0: symmetric 5-bit blocks of 32, fp16 scale"),
+        QuantScheme("q5_1", "int", 5, "minmax", "token", 32, "dynamic", 16, 16,
+                    description="llama.cpp q5_1: 5-bit blocks of 32 with fp16 scale and min"),
+    ]
+    for bits in (8, 6, 5, 4, 3, 2):
+        for g in (32, 64, 128):
+            s.append(QuantScheme(
+                f"int{bits}_c{g}", "int", bits, "minmax", "channel", g, "dynamic", 16, 16,
+                description=f"int{bits} asymmetric per channel over groups of {g} tokens (KIVI keys)"))
+            s.append(QuantScheme(
+                f"int{bits}_t{g}", "int", bits, "minmax", "token", g, "dynamic", 16, 16,
+                description=f"int{bits} asymmetric per token over groups of {g} channels (KIVI values)"))
+    return s
+
+
+REGISTRY: dict[str, QuantScheme] = {s.name: s for s in _base_schemes()}
+
+# A small set that shows the main trade-offs in a few minutes on a CPU.
+DEFAULT_SCHEMES = (
+    "fp8_e4m3",
+    "int8_per_token_head",
+    "int4_per_token_head",
+    "q4_0",
+    "int4_c32",
+    "int4_t32",
+    "int2_c32",
+    "int2_t32",
+)
+
+_MODIFIERS = re.compile(r"^(?P<base>.+?)(?P<pre>_pre)?(?:_r(?P<r>\d+))?(?:_s(?P<s>\d+))?$")
+
+
+def get_scheme(name: str) -> QuantScheme:
+    """Look a scheme up by name, modifiers included; unknown names list the valid ones."""
+    if name in REGISTRY:
+        return REGISTRY[name]
+    m = _MODIFIERS.match(name)
+    base = REGISTRY.get(m.group("base")) if m else None
+    if base is None or base.is_identity:
+        raise SensprofError(
+            f"unknown scheme {name!r}; valid schemes are {', '.join(scheme_names())}, optionally "
+            "followed by _pre (keys before RoPE), _r<R> (R recent tokens kept) and _s<S> (S sink tokens kept)")
+    return dataclasses.replace(
+        base, name=name, pre_rope=bool(m.group("pre")),
+        residual=int(m.group("r") or 0), sink=int(m.group("s") or 0))
+
+
+def scheme_names() -> list[str]:
+    return [n for n in REGISTRY if n != "none"]
+
+
+def parse_schemes(names) -> list[QuantScheme]:
+    """Comma- or list-separated names, de-duplicated in order."""
+    if isinstance(names, str):
+        names = [names]
+    out: list[QuantScheme] = []
+    for item in names:
+        for n in str(item).split(","):
+            n = n.strip()
+            if n and all(s.name != n for s in out):
+                out.append(get_scheme(n))
+    if not out:
+        raise SensprofError("no schemes given; pass --schemes with one or more of: " + ", ".join(scheme_names()))
+    return out

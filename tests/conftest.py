@@ -1,0 +1,77 @@
+"""Shared fixtures: tiny random models of each architecture (no download) and a local model directory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+VOCAB = 320
+
+
+def _common(**kw):
+    base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    base.update(kw)
+    return base
+
+
+def tiny_config(arch: str):
+    import transformers as tf
+
+    if arch == "llama":
+        return tf.LlamaConfig(**_common()), tf.LlamaForCausalLM
+    if arch == "mistral":
+        return tf.MistralConfig(**_common(sliding_window=16)), tf.MistralForCausalLM
+    if arch == "qwen2":
+        return tf.Qwen2Config(**_common()), tf.Qwen2ForCausalLM
+    if arch == "qwen3":
+        return tf.Qwen3Config(**_common(head_dim=16)), tf.Qwen3ForCausalLM
+    if arch == "phi3":
+        return tf.Phi3Config(**_common(partial_rotary_factor=0.5)), tf.Phi3ForCausalLM
+    if arch == "gemma3":
+        return tf.Gemma3TextConfig(**_common(head_dim=16, sliding_window=8, layer_types=[
+            "sliding_attention", "sliding_attention", "full_attention"])), tf.Gemma3ForCausalLM
+    raise ValueError(arch)
+
+
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")
+
+
+def make_tiny_model(arch: str = "llama", seed: int = 0):
+    cfg, cls = tiny_config(arch)
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    model.set_attn_implementation("eager")
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """A small byte-level BPE trained on the built-in corpus, so CLI tests need no download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from sensprof.data import builtin_corpus
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([builtin_corpus()[:200_000]], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
+    """A local Hugging Face model directory (tiny random Llama + tokenizer)."""
+    d = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny_model("llama").save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    return str(d)
+
+
+@pytest.fixture
+def tiny_ids():
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(3, VOCAB, (2, 64), generator=g)
