@@ -6,13 +6,21 @@ from .data import bos_prefix, load_text, make_windows, text_digest, tokenize
 from .errors import SensprofError
 
 
-def load_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 0, exclude=None):
-    """Deterministic token windows from the built-in corpus or files: (ids [W, T], text name, digest)."""
+def select_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 0, exclude=None):
+    """Deterministic token windows: (ids [W, T], text name, text digest, slot indices).
+
+    The slots let a later stage (validation) take windows other than the profiled ones.
+    """
     if seq_len < 2:
         raise SensprofError(f"--seq-len {seq_len} is too short; use at least 2")
     text, name = load_text(text_files)
-    ids, _ = make_windows(tokenize(tokenizer, text), seq_len, windows, seed, bos_prefix(tokenizer), exclude)
-    return ids, name, text_digest(text)
+    ids, slots = make_windows(tokenize(tokenizer, text), seq_len, windows, seed, bos_prefix(tokenizer), exclude)
+    return ids, name, text_digest(text), slots
+
+
+def load_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 0, exclude=None):
+    """Deterministic token windows from the built-in corpus or files: (ids [W, T], text name, digest)."""
+    return select_windows(tokenizer, text_files, seq_len, windows, seed, exclude)[:3]
 
 
 def profile(model="smollm2-135m", schemes=None, *, tokenizer=None, text=None, seq_len=256, windows=2, seed=0,
@@ -35,7 +43,9 @@ def profile(model="smollm2-135m", schemes=None, *, tokenizer=None, text=None, se
         from .hooks import register
 
         register()
-    ids, name, digest = load_windows(tokenizer, [text] if isinstance(text, str) else text, seq_len, windows, seed)
+    ids, name, digest, slots = select_windows(tokenizer, [text] if isinstance(text, str) else text, seq_len,
+                                              windows, seed)
     return run_profile(model, ids, parse_schemes(schemes or list(DEFAULT_SCHEMES)), layers=layers, out_dir=out_dir,
                        model_id=model_id, text_name=name, text_digest=digest, seed=seed,
-                       variants_per_pass=variants_per_pass, progress=progress)
+                       variants_per_pass=variants_per_pass, progress=progress,
+                       extra_meta={"window_slots": slots, "text_files": text})

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import re
 import sys
@@ -55,6 +57,56 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("dirs", nargs="+", help="profile directories")
     m.add_argument("--out", required=True, help="directory for the merged profile")
 
+    def add_budget(q):
+        q.add_argument("--avg-bits", type=float, default=None,
+                       help="average stored bits per cached element over all layers, scales included")
+        q.add_argument("--fraction", type=float, default=None, help="fraction of the bf16 cache, e.g. 0.3")
+        q.add_argument("--gpu-mem-gib", type=float, default=None,
+                       help="GiB for the KV cache of --max-num-seqs sequences of --max-model-len tokens")
+        q.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence (with --gpu-mem-gib)")
+        q.add_argument("--max-num-seqs", type=int, default=None, help="concurrent sequences (with --gpu-mem-gib)")
+
+    pl = sub.add_parser("plan", help="choose each layer's K and V scheme under a memory budget (integer program)")
+    pl.add_argument("profile_dir", help="directory written by `sensprof profile`")
+    add_budget(pl)
+    pl.add_argument("--target", default="sensprof", help="sensprof (default) | vllm | sglang | llamacpp")
+    pl.add_argument("--objective", default="kl", help="kl (default) | dnll | local (attention-output error)")
+    pl.add_argument("--num-skip", type=int, default=None,
+                    help="vllm: keep exactly this many layers at the model dtype (the planner picks which)")
+    pl.add_argument("--out", default=None, help="plan JSON path (default: plans/<model>-<target>-<budget>.json)")
+
+    sw = sub.add_parser("sweep", help="plan a range of budgets: the frontier of predicted damage vs memory")
+    sw.add_argument("profile_dir", help="directory written by `sensprof profile`")
+    sw.add_argument("--target", default="sensprof", help="sensprof (default) | vllm | sglang | llamacpp")
+    sw.add_argument("--objective", default="kl", help="kl (default) | dnll | local")
+    sw.add_argument("--avg-bits", default="3,4,5,6,8,10,12",
+                    help="comma-separated --avg-bits budgets (default 3,4,5,6,8,10,12)")
+    sw.add_argument("--validate", action="store_true", help="also measure each plan (see `sensprof validate`)")
+    sw.add_argument("--windows", type=int, default=None, help="validation windows (default: as profiled)")
+    sw.add_argument("--device", default="auto", help="validation device (default: cuda if available)")
+    sw.add_argument("--out", default=None, help="directory for the plans and sweep.csv (default: plans/sweep-<model>-<target>)")
+
+    va = sub.add_parser("validate", help="apply a whole plan on unseen windows; compare with uniform configurations")
+    va.add_argument("plan", help="plan JSON written by `sensprof plan`")
+    va.add_argument("--model", default=None, help="model to load (default: the plan's model)")
+    va.add_argument("--windows", type=int, default=None, help="windows (default: as many as profiled)")
+    va.add_argument("--seq-len", type=int, default=None, help="tokens per window (default: as profiled)")
+    va.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    va.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+    va.add_argument("--out", default=None, help="CSV path (default: beside the plan, <plan>.validation.csv)")
+
+    ex = sub.add_parser("export", help="print a ready serving command line for a plan (and write scales)")
+    ex.add_argument("plan", help="plan JSON written by `sensprof plan`")
+    ex.add_argument("--format", required=True, help="vllm | sglang | llamacpp")
+    ex.add_argument("--vllm-version", default="0.33.0", help="vLLM version to emit flags for (default 0.33.0)")
+    ex.add_argument("--model", default=None,
+                    help="model to serve and check the plan against (default: the plan's model)")
+    ex.add_argument("--gpu-mem-gib", type=float, default=80.0,
+                    help="KV-cache memory for the tokens-that-fit comment (default 80)")
+    ex.add_argument("--scales-out", default=None, help="sglang: write the --quantization-param-path JSON here")
+    ex.add_argument("--write-checkpoint", default=None, metavar="DIR",
+                    help="vllm: write the model with calibrated per-layer k_scale/v_scale (compressed-tensors)")
+
     s = sub.add_parser("summary", help="print the summary table of a profile directory")
     s.add_argument("dir", help="profile directory")
 
@@ -68,8 +120,8 @@ def default_out_dir(model: str) -> str:
 
 
 def cmd_profile(args) -> int:
-    from .api import load_windows
-    from .models import load_model, max_positions
+    from .api import select_windows
+    from .models import describe_layers, load_model, max_positions
     from .profile import run_profile
     from .schemes import parse_schemes
     from .summary import summarize
@@ -80,18 +132,21 @@ def cmd_profile(args) -> int:
         raise SensprofError("--windows must be at least 1")
     if args.variants_per_pass < 1:
         raise SensprofError("--variants-per-pass must be at least 1")
-    loaded = load_model(args.model, args.device, args.dtype, args.device_map, args.trust_remote_code)
-    from .models import describe_layers
+    # --quiet: the GGUF loader draws its own progress bar on stderr; errors still arrive as exceptions.
+    with contextlib.redirect_stderr(io.StringIO()) if args.quiet else contextlib.nullcontext():
+        loaded = load_model(args.model, args.device, args.dtype, args.device_map, args.trust_remote_code)
 
     layers = parse_layers(args.layers, len(describe_layers(loaded.model)))
     limit = max_positions(loaded.model)
     if limit is not None and args.seq_len > limit:
         raise SensprofError(f"--seq-len {args.seq_len} is beyond the model's {limit} positions; use --seq-len <= {limit}")
-    ids, text_name, digest = load_windows(loaded.tokenizer, args.text, args.seq_len, args.windows, args.seed)
+    ids, text_name, digest, slots = select_windows(loaded.tokenizer, args.text, args.seq_len, args.windows, args.seed)
     out = args.out or default_out_dir(args.model)
     prof = run_profile(loaded.model, ids, schemes, layers=layers, out_dir=out, model_id=args.model,
                        text_name=text_name, text_digest=digest, seed=args.seed,
-                       variants_per_pass=args.variants_per_pass, replay=not args.naive, progress=not args.quiet)
+                       variants_per_pass=args.variants_per_pass, replay=not args.naive, progress=not args.quiet,
+                       extra_meta={"window_slots": slots,
+                                   "text_files": [os.path.abspath(t) for t in args.text] if args.text else None})
     if not args.quiet:
         print(summarize(prof))
         print(f"\nwrote {out}/ (profile.csv, heads.csv, stats.csv, calibration.json, meta.json)")
@@ -127,7 +182,44 @@ def cmd_schemes(args) -> int:
     return 0
 
 
-COMMANDS = {"profile": cmd_profile, "merge": cmd_merge, "summary": cmd_summary, "schemes": cmd_schemes}
+def cmd_plan(args) -> int:
+    from .budget import budget_from_args
+    from .commands import make_plan, plan_path
+
+    budget = budget_from_args(args.avg_bits, args.fraction, args.gpu_mem_gib, args.max_model_len, args.max_num_seqs)
+    plan = make_plan(args.profile_dir, args.target, budget, args.objective, args.num_skip)
+    out = args.out or plan_path(plan)
+    plan.save(out)
+    from .commands import describe_plan
+
+    print(describe_plan(plan))
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from .commands import run_sweep
+
+    run_sweep(args)
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from .commands import run_validate
+
+    run_validate(args)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .commands import run_export
+
+    print(run_export(args))
+    return 0
+
+
+COMMANDS = {"profile": cmd_profile, "merge": cmd_merge, "summary": cmd_summary, "schemes": cmd_schemes,
+            "plan": cmd_plan, "sweep": cmd_sweep, "validate": cmd_validate, "export": cmd_export}
 
 
 def main(argv=None) -> int:

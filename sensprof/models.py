@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import hashlib
+import logging
 import importlib.util
 import json
 import os
@@ -73,7 +76,23 @@ def resolve_model(name: str) -> dict:
         return {"path": name, "gguf_file": None, "kind": "local"}
     if os.path.exists(name):
         raise SensprofError(f"{name!r} is neither a model directory nor a .gguf file; check --model")
+    close = difflib.get_close_matches(name.lower(), list(BUILTIN_MODELS), n=1, cutoff=0.75)
+    if close and "/" not in name:
+        raise SensprofError(f"unknown model alias {name!r}; did you mean {close[0]!r}? "
+                            f"(built-in aliases: {', '.join(BUILTIN_MODELS)})")
     return {"path": name, "gguf_file": None, "kind": "hub"}
+
+
+@contextlib.contextmanager
+def _quiet_hub():
+    """The hub client logs each failed request; sensprof reports one line of its own instead."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def default_dtype(device: str) -> str:
@@ -110,7 +129,8 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "auto", dtype: str | Non
     if device_map:
         _require("accelerate", "install it with `pip install accelerate`")
     try:
-        config = AutoConfig.from_pretrained(src["path"], **kwargs)
+        with _quiet_hub():
+            config = AutoConfig.from_pretrained(src["path"], **kwargs)
     except (OSError, ValueError) as e:
         if src["kind"] == "hub":
             raise SensprofError(

@@ -36,14 +36,15 @@ class Baseline:
                 "a shorter --seq-len")
         self.p = self.logp.exp()
         self.nll = token_nll(self.logp, input_ids)
+        self.mean_nll = float(self.nll.mean())
 
     def compare(self, logits: torch.Tensor, input_ids: torch.Tensor) -> dict:
         logp = log_probs(logits)
         kl = (self.p * (self.logp - logp)).sum(-1).clamp_min(0.0)  # [W, T]; a difference, not H(p,q) - H(p)
         per_window = kl.mean(-1)
-        dnll = (token_nll(logp, input_ids) - self.nll).mean()
+        dnll = float((token_nll(logp, input_ids) - self.nll).mean())
         return {"kl": float(kl.mean()), "kl_std": float(per_window.std()) if kl.shape[0] > 1 else 0.0,
-                "dnll": float(dnll)}
+                "dnll": dnll}
 
 
 def _input_device(model):
@@ -110,7 +111,8 @@ def profile_layer(model, session, layer, info, input_ids, baseline, layer_output
     for tensor, schemes in schemes_by_tensor:
         for start in range(0, len(schemes), variants_per_pass):
             chunk = schemes[start:start + variants_per_pass]
-            tap = QuantTap(session, layer, tensor, chunk, w, cal)
+            pairs = [(s, None) if tensor == "K" else (None, s) for s in chunk]
+            tap = QuantTap(session, layer, pairs, w, cal)
             session.set_tap(layer, tap)
             try:
                 ids = input_ids.repeat(len(chunk), 1)

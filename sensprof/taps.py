@@ -29,23 +29,59 @@ def full_precision_from(scheme: QuantScheme, n: int, device=None) -> torch.Tenso
     return start
 
 
-def mixed_attention(eager, module, query, k_q, v_q, key, value, mask, fp_from, kwargs):
-    """Attention where query t reads keys j >= fp_from[t] in full precision and the rest quantized.
+def quantized_reads(scheme: QuantScheme | None, n: int, device=None) -> torch.Tensor | None:
+    """[n, n] bool: query t reads key/value j quantized. None: every read is quantized (or none is)."""
+    if scheme is None or scheme.is_identity:
+        return torch.zeros(n, n, dtype=torch.bool, device=device)
+    fp_from = full_precision_from(scheme, n, device)
+    if fp_from is None:
+        return None
+    return torch.arange(n, device=device)[None, :] < fp_from[:, None]
 
-    Done with the model's own eager attention over [quantized ; full-precision] keys and a mask
-    that lets each query see each key exactly once; the two halves of the weights are then summed.
+
+def attention_over_parts(eager, module, query, parts, mask, kwargs):
+    """Attention where each (query t, position j) reads one of several (K, V) versions.
+
+    `parts` is a list of (key, value, reads [n, n] bool) whose `reads` partition the positions.
+    Runs the model's own eager attention once over the concatenated versions with a mask that lets
+    each query see each position exactly once; the blocks of the weights are then summed back.
     """
-    n = key.shape[-2]
+    n = parts[0][0].shape[-2]
+    tq = query.shape[-2]
     neg = torch.finfo(query.dtype).min
     if mask is None:
         mask = torch.full((n, n), neg, dtype=query.dtype, device=query.device).triu(1)[None, None]
-    mask = mask[..., -query.shape[-2]:, :n]
-    use_q = torch.arange(n, device=query.device)[None, :] < fp_from[-query.shape[-2]:, None]
-    m_q = torch.where(use_q, mask, torch.full_like(mask, neg))
-    m_fp = torch.where(use_q, torch.full_like(mask, neg), mask)
-    out, w = eager(module, query, torch.cat([k_q, key], dim=-2), torch.cat([v_q, value], dim=-2),
-                   torch.cat([m_q, m_fp], dim=-1), **kwargs)
-    return out, (w[..., :n] + w[..., n:]) if w is not None else None
+    mask = mask[..., -tq:, :n]
+    blocked = torch.full_like(mask, neg)
+    keys = torch.cat([k for k, _, _ in parts], dim=-2)
+    values = torch.cat([v for _, v, _ in parts], dim=-2)
+    masks = torch.cat([torch.where(reads[-tq:], mask, blocked) for _, _, reads in parts], dim=-1)
+    out, w = eager(module, query, keys, values, masks, **kwargs)
+    if w is not None:
+        w = sum(w[..., i * n:(i + 1) * n] for i in range(len(parts)))
+    return out, w
+
+
+def mixed_attention(eager, module, query, k_q, v_q, key, value, mask, fp_from, kwargs):
+    """Attention where query t reads keys j >= fp_from[t] in full precision and the rest quantized."""
+    n = key.shape[-2]
+    use_q = torch.arange(n, device=query.device)[None, :] < fp_from[:, None]
+    return attention_over_parts(eager, module, query, [(k_q, v_q, use_q), (key, value, ~use_q)], mask, kwargs)
+
+
+def quantized_attention(eager, module, query, key, value, k_q, v_q, k_scheme, v_scheme, mask, kwargs):
+    """Attention as a streaming cache holding K per `k_scheme` and V per `v_scheme` computes it."""
+    n = key.shape[-2]
+    rk = quantized_reads(k_scheme, n, key.device)
+    rv = quantized_reads(v_scheme, n, key.device)
+    if rk is None and rv is None:
+        return eager(module, query, k_q, v_q, mask, **kwargs)
+    ones = torch.ones(n, n, dtype=torch.bool, device=key.device)
+    rk = ones if rk is None else rk
+    rv = ones if rv is None else rv
+    parts = [(k_q, v_q, rk & rv), (k_q, value, rk & ~rv), (key, v_q, ~rk & rv), (key, value, ~rk & ~rv)]
+    parts = [p for p in parts if bool(p[2].any())]
+    return attention_over_parts(eager, module, query, parts, mask, kwargs)
 
 
 class StatsTap:
@@ -65,45 +101,48 @@ class StatsTap:
 
 
 class QuantTap:
-    """Quantize one tensor of one layer; batch chunk i uses schemes[i]. Records local damage."""
+    """Quantize K and/or V of one layer; batch chunk i uses pairs[i] = (K scheme, V scheme), None = keep.
 
-    def __init__(self, session, layer: int, tensor: str, schemes: list[QuantScheme], chunk: int,
-                 calibration: dict | None = None):
-        self.session, self.layer, self.tensor = session, layer, tensor
-        self.schemes, self.chunk = schemes, chunk
+    Records the local damage (attention KL and output error per query head) of each chunk.
+    """
+
+    def __init__(self, session, layer: int, pairs: list[tuple[QuantScheme | None, QuantScheme | None]],
+                 chunk: int, calibration: dict | None = None, local: bool = True):
+        self.session, self.layer, self.want_local = session, layer, local
+        self.pairs, self.chunk = pairs, chunk
         self.calibration = calibration or {}
         self.local: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def _quantize(self, scheme, key, value, rope):
-        if self.tensor == "V":
-            return key, fake_quant(value, scheme, self.calibration.get("V"))
+    def quantize_key(self, scheme, key, rope):
+        if scheme is None or scheme.is_identity:
+            return key
         if scheme.pre_rope:
             if rope is None:
                 raise ValueError(f"layer {self.layer} has no RoPE to quantize keys before")
             cos, sin = rope
             pre = fake_quant(undo_rope(key, cos, sin), scheme, self.calibration.get("K_pre"))
-            return apply_rope(pre, cos, sin).to(key.dtype), value
-        return fake_quant(key, scheme, self.calibration.get("K")), value
+            return apply_rope(pre, cos, sin).to(key.dtype)
+        return fake_quant(key, scheme, self.calibration.get("K"))
+
+    def quantize_value(self, scheme, value):
+        if scheme is None or scheme.is_identity:
+            return value
+        return fake_quant(value, scheme, self.calibration.get("V"))
 
     def __call__(self, eager, module, query, key, value, mask, kwargs):
         rope = self.session.rope.get(self.layer)
         outs, weights = [], []
         self.local = []
-        for i, scheme in enumerate(self.schemes):
+        for i, (k_scheme, v_scheme) in enumerate(self.pairs):
             sl = slice(i * self.chunk, (i + 1) * self.chunk)
             q, k, v = query[sl], key[sl], value[sl]
             m = mask[sl] if mask is not None and mask.shape[0] > 1 else mask
-            r = None
-            if rope is not None:
-                r = tuple(t[sl] if t.shape[0] > 1 else t for t in rope)
-            out_b, w_b = eager(module, q, k, v, m, **kwargs)
-            k_q, v_q = self._quantize(scheme, k, v, r)
-            fp_from = full_precision_from(scheme, k.shape[-2], k.device)
-            if fp_from is None:
-                out_q, w_q = eager(module, q, k_q, v_q, m, **kwargs)
-            else:
-                out_q, w_q = mixed_attention(eager, module, q, k_q, v_q, k, v, m, fp_from, kwargs)
-            self.local.append((attention_kl(w_b, w_q).cpu(), relative_l2(out_b, out_q).cpu()))
+            r = None if rope is None else tuple(t[sl] if t.shape[0] > 1 else t for t in rope)
+            k_q, v_q = self.quantize_key(k_scheme, k, r), self.quantize_value(v_scheme, v)
+            out_q, w_q = quantized_attention(eager, module, q, k, v, k_q, v_q, k_scheme, v_scheme, m, kwargs)
+            if self.want_local:
+                out_b, w_b = eager(module, q, k, v, m, **kwargs)
+                self.local.append((attention_kl(w_b, w_q).cpu(), relative_l2(out_b, out_q).cpu()))
             outs.append(out_q)
             weights.append(w_q)
         return torch.cat(outs), torch.cat(weights)

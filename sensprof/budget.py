@@ -1,0 +1,73 @@
+"""Memory budgets, all priced through memory.py's one storage formula (no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import SensprofError
+from .memory import MODEL_BITS, bits_per_element, layer_cache_bits
+from .schemes import QuantScheme
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Budget:
+    """kind: avg_bits (B), fraction (F of the 16-bit cache), or serving (GiB for S sequences of N tokens)."""
+
+    kind: str
+    value: float
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+
+    def __post_init__(self):
+        if not self.value > 0:
+            raise SensprofError(f"the budget must be positive, got {self.value}; e.g. --avg-bits 4")
+        if self.kind == "fraction" and self.value > 1:
+            raise SensprofError(f"--fraction {self.value} is above 1; pass a fraction of the bf16 cache such as 0.3")
+        if self.kind == "serving" and not (self.max_model_len and self.max_num_seqs):
+            raise SensprofError("--gpu-mem-gib needs --max-model-len and --max-num-seqs")
+        if self.kind == "serving" and (self.max_model_len < 1 or self.max_num_seqs < 1):
+            raise SensprofError("--max-model-len and --max-num-seqs must be positive")
+
+    def cost(self, scheme: QuantScheme, layer: dict) -> float:
+        """What one tensor (K or V) of one layer costs, in this budget's unit."""
+        elems = layer["kv_heads"] * layer["head_dim"]
+        if self.kind in ("avg_bits", "fraction"):
+            return bits_per_element(scheme, layer["head_dim"]) * elems
+        tokens = self.max_model_len
+        if layer.get("kind") == "sliding" and layer.get("window"):
+            tokens = min(tokens, int(layer["window"]))
+        return self.max_num_seqs * layer_cache_bits(scheme, tokens, layer["kv_heads"], layer["head_dim"]) / 8
+
+    def limit(self, layers: list[dict]) -> float:
+        if self.kind == "serving":
+            return self.value * GIB
+        elems = sum(2 * layer["kv_heads"] * layer["head_dim"] for layer in layers)
+        bits = self.value if self.kind == "avg_bits" else self.value * MODEL_BITS
+        return bits * elems
+
+    def describe(self, amount: float, layers: list[dict]) -> str:
+        """An amount in this budget's unit, as the user would type it."""
+        if self.kind == "serving":
+            return f"--gpu-mem-gib {amount / GIB:.4g}"
+        elems = sum(2 * layer["kv_heads"] * layer["head_dim"] for layer in layers)
+        if self.kind == "avg_bits":
+            return f"--avg-bits {amount / elems:.4g}"
+        return f"--fraction {amount / elems / MODEL_BITS:.4g}"
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "value": self.value, "max_model_len": self.max_model_len,
+                "max_num_seqs": self.max_num_seqs}
+
+
+def budget_from_args(avg_bits=None, fraction=None, gpu_mem_gib=None, max_model_len=None, max_num_seqs=None) -> Budget:
+    given = [x is not None for x in (avg_bits, fraction, gpu_mem_gib)]
+    if sum(given) != 1:
+        raise SensprofError("give exactly one budget: --avg-bits B, --fraction F, or --gpu-mem-gib G "
+                            "with --max-model-len N --max-num-seqs S")
+    if avg_bits is not None:
+        return Budget("avg_bits", float(avg_bits))
+    if fraction is not None:
+        return Budget("fraction", float(fraction))
+    return Budget("serving", float(gpu_mem_gib), max_model_len, max_num_seqs)

@@ -1,0 +1,127 @@
+"""The plan artifact: which scheme each layer's K and V use, why, and what it is predicted to cost.
+
+The runtime, exporters and validator accept only this. It carries the calibration each layer
+needs (absmax per KV head), so it is self-contained.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import asdict, dataclass, field
+
+from .errors import SensprofError
+from .memory import MODEL_BITS, bits_per_element
+from .schemes import get_scheme
+from .table import atomic_write_text, read_json
+
+PLAN_FORMAT_VERSION = 1
+PLAN_KIND = "sensprof-plan"
+FP8_E4M3_MAX = 448.0
+
+
+@dataclass
+class LayerPlan:
+    layer: int
+    kind: str
+    window: int | None
+    kv_heads: int
+    head_dim: int
+    k_scheme: str
+    v_scheme: str
+    k_damage: float
+    v_damage: float
+    absmax: dict = field(default_factory=dict)  # "K" / "K_pre" / "V" -> per-KV-head absmax
+
+
+@dataclass
+class Plan:
+    model_id: str
+    model_fingerprint: str
+    target: str
+    objective: str
+    budget: dict
+    layers: list[LayerPlan]
+    engine: dict
+    predicted: dict
+    solver: dict
+    profile: dict
+    format_version: int = PLAN_FORMAT_VERSION
+    kind: str = PLAN_KIND
+    created: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict, path: str = "plan") -> Plan:
+        if not isinstance(obj, dict) or obj.get("kind") != PLAN_KIND:
+            raise SensprofError(f"{path!r} is not a sensprof plan; pass a file written by `sensprof plan`")
+        if obj.get("format_version") != PLAN_FORMAT_VERSION:
+            raise SensprofError(
+                f"{path!r} has plan format version {obj.get('format_version')!r}; this sensprof reads version "
+                f"{PLAN_FORMAT_VERSION}: re-run `sensprof plan`")
+        try:
+            data = dict(obj)
+            data["layers"] = [LayerPlan(**layer) for layer in obj["layers"]]
+            return cls(**data)
+        except (TypeError, KeyError) as e:
+            raise SensprofError(f"{path!r} is a malformed plan ({e}); re-run `sensprof plan`") from None
+
+    def save(self, path: str) -> None:
+        import json
+
+        atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
+
+    def engine_summary(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.engine.items() if k != "needs_scales") or "per-layer schemes"
+
+    def fp8_scale(self, layer: int, tensor: str) -> float:
+        """Per-tensor e4m3 scale (absmax / 448) an engine needs for this layer's K or V."""
+        a = self.layers[layer].absmax.get(tensor) or [0.0]
+        return max(max(a) / FP8_E4M3_MAX, 1e-12)
+
+
+def load_plan(path: str) -> Plan:
+    if not os.path.isfile(path):
+        raise SensprofError(f"plan file {path!r} does not exist; write one with `sensprof plan PROFILE_DIR`")
+    return Plan.from_json(read_json(path, "plan"), path)
+
+
+def predicted_summary(layers: list[LayerPlan]) -> dict:
+    """Long-context storage of the plan: bits per element and bytes per token, vs the 16-bit cache."""
+    bits = sum((bits_per_element(get_scheme(p.k_scheme), p.head_dim)
+                + bits_per_element(get_scheme(p.v_scheme), p.head_dim)) * p.kv_heads * p.head_dim for p in layers)
+    elems = sum(2 * p.kv_heads * p.head_dim for p in layers)
+    return {"avg_bits": bits / elems, "bytes_per_token": bits / 8, "bf16_bytes_per_token": elems * MODEL_BITS / 8,
+            "fraction_of_bf16": bits / (elems * MODEL_BITS)}
+
+
+def build_plan(profile, solution, target: str, objective: str, budget) -> Plan:
+    meta = profile.meta
+    layers = []
+    for info, (k, v) in zip(meta["layers"], solution.choices):
+        i = info["index"]
+        layers.append(LayerPlan(
+            layer=i, kind=info["kind"], window=info["window"], kv_heads=info["kv_heads"], head_dim=info["head_dim"],
+            k_scheme=k, v_scheme=v, k_damage=0.0 if k == "none" else _damage(profile, i, "K", k, objective),
+            v_damage=0.0 if v == "none" else _damage(profile, i, "V", v, objective),
+            absmax=profile.calibration.get(str(i), {})))
+    predicted = {"damage": solution.damage, "objective": objective, "budget_used": solution.cost,
+                 "budget_limit": solution.limit, **predicted_summary(layers)}
+    return Plan(
+        model_id=meta["model"]["id"], model_fingerprint=meta["model"]["fingerprint"], target=target,
+        objective=objective, budget=budget.to_json(), layers=layers, engine=solution.engine, predicted=predicted,
+        solver={"name": "PuLP CBC", "status": solution.status, "time_s": solution.solve_time_s},
+        profile={"path": os.path.abspath(profile.path) if profile.path else None,
+                 "settings": meta["settings"], "window_slots": meta.get("window_slots"),
+                 "text_files": meta.get("text_files"), "text": meta.get("text")},
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+def _damage(profile, layer, tensor, scheme, objective) -> float:
+    from .planner import OBJECTIVES
+
+    t = profile.table
+    row = t[(t.layer == layer) & (t.tensor == tensor) & (t.scheme == scheme)]
+    return float(row[OBJECTIVES[objective]].iloc[0])

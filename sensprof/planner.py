@@ -1,0 +1,240 @@
+"""Choose each layer's K and V scheme: an integer program (PuLP + bundled CBC). Imports no torch.
+
+Minimises the summed measured damage of the chosen (layer, tensor, scheme) cells under a memory
+budget, within what the target engine can express (see targets.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .budget import Budget
+from .errors import SensprofError
+from .schemes import get_scheme
+from .targets import EngineDtype, Target
+
+OBJECTIVES = {"kl": "kl", "dnll": "dnll", "local": "out_rel_l2"}
+NONE = "none"
+
+
+@dataclass
+class Problem:
+    """Per-layer facts and the measured damage of each profiled cell."""
+
+    layers: list[dict]
+    damage: dict[tuple[int, str, str], float]  # (layer, "K"|"V", scheme) -> damage; "none" costs 0
+    options: dict[str, list[str]] = field(default_factory=dict)  # tensor -> schemes profiled on every layer
+
+    def cell(self, layer: int, tensor: str, scheme: str) -> float:
+        return 0.0 if scheme == NONE else self.damage[(layer, tensor, scheme)]
+
+
+def problem_from_table(table, layers: list[dict], objective: str = "kl") -> Problem:
+    """Build the problem from a profile table (pandas DataFrame with layer, tensor, scheme and metrics)."""
+    if objective not in OBJECTIVES:
+        raise SensprofError(f"unknown --objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    col = OBJECTIVES[objective]
+    damage = {(int(r.layer), str(r.tensor), str(r.scheme)): float(getattr(r, col)) for r in table.itertuples()}
+    n = len(layers)
+    options = {}
+    for tensor in ("K", "V"):
+        names = [s for s in dict.fromkeys(table[table.tensor == tensor].scheme)
+                 if all((i, tensor, s) in damage for i in range(n))]
+        options[tensor] = names
+    return Problem(layers, damage, options)
+
+
+@dataclass
+class Solution:
+    choices: list[tuple[str, str]]  # per layer (K scheme, V scheme)
+    engine: dict
+    status: str
+    solve_time_s: float
+    damage: float
+    cost: float
+    limit: float
+
+
+def _cost(budget: Budget, layer: dict, scheme: str) -> float:
+    return budget.cost(get_scheme(scheme), layer)
+
+
+def _solve(prob, variables_time_start):
+    import pulp
+
+    status = prob.solve(pulp.PULP_CBC_CMD(msg=False))
+    return pulp.LpStatus[status], time.perf_counter() - variables_time_start
+
+
+def _finish(problem, budget, choices, engine, status, elapsed) -> Solution:
+    damage = sum(problem.cell(i, "K", k) + problem.cell(i, "V", v) for i, (k, v) in enumerate(choices))
+    cost = sum(_cost(budget, problem.layers[i], k) + _cost(budget, problem.layers[i], v)
+               for i, (k, v) in enumerate(choices))
+    return Solution(choices, engine, status, elapsed, damage, cost, budget.limit(problem.layers))
+
+
+def _require_feasible(min_cost: float, budget: Budget, layers, target: Target):
+    limit = budget.limit(layers)
+    if min_cost > limit * (1 + 1e-12):
+        raise SensprofError(
+            f"the budget {budget.describe(limit, layers)} is infeasible for target {target.name}: the smallest "
+            f"feasible budget with the profiled schemes is {budget.describe(min_cost, layers)}")
+
+
+def plan(problem: Problem, target: Target, budget: Budget, num_skip: int | None = None) -> Solution:
+    """Solve the integer program for `target` under `budget`; refuse infeasible budgets with the minimum."""
+    solvers = {"free": _plan_free, "global_skip": _plan_global_skip, "global": _plan_global,
+               "global_kv": _plan_global_kv}
+    if num_skip is not None and target.structure != "global_skip":
+        raise SensprofError(f"--num-skip only applies to target vllm, not {target.name}")
+    if num_skip is not None and not 0 <= num_skip <= len(problem.layers):
+        raise SensprofError(f"--num-skip {num_skip} is out of range: the model has {len(problem.layers)} layers")
+    return solvers[target.structure](problem, target, budget, num_skip) if target.structure == "global_skip" \
+        else solvers[target.structure](problem, target, budget)
+
+
+def _scale(problem: Problem) -> float:
+    """CBC works to absolute tolerances; bring the damages to order one."""
+    m = max((abs(v) for v in problem.damage.values()), default=1.0)
+    return 1.0 / m if m > 0 else 1.0
+
+
+def _plan_free(problem: Problem, target: Target, budget: Budget) -> Solution:
+    import pulp
+
+    t0 = time.perf_counter()
+    layers, limit, sc = problem.layers, budget.limit(problem.layers), _scale(problem)
+    opts = {t: problem.options[t] + [NONE] for t in ("K", "V")}
+    min_cost = sum(min(_cost(budget, layer, s) for s in opts[t]) for layer in layers for t in ("K", "V"))
+    _require_feasible(min_cost, budget, layers, target)
+    prob = pulp.LpProblem("sensprof_free", pulp.LpMinimize)
+    x = {(i, t, j): pulp.LpVariable(f"x_{i}_{t}_{j}", cat="Binary")
+         for i in range(len(layers)) for t in ("K", "V") for j in range(len(opts[t]))}
+    prob += pulp.lpSum(sc * problem.cell(i, t, opts[t][j]) * v for (i, t, j), v in x.items())
+    for i in range(len(layers)):
+        for t in ("K", "V"):
+            prob += pulp.lpSum(x[(i, t, j)] for j in range(len(opts[t]))) == 1
+    prob += pulp.lpSum(_cost(budget, layers[i], opts[t][j]) / limit * v for (i, t, j), v in x.items()) <= 1 + 1e-9
+    status, elapsed = _solve(prob, t0)
+    if status != "Optimal":
+        raise SensprofError(f"the solver ended with status {status}; try a larger budget")
+    choices = []
+    for i in range(len(layers)):
+        pick = {t: next(opts[t][j] for j in range(len(opts[t])) if x[(i, t, j)].value() > 0.5) for t in ("K", "V")}
+        choices.append((pick["K"], pick["V"]))
+    return _finish(problem, budget, choices, {}, status, elapsed)
+
+
+def _dtypes_both(problem: Problem, target: Target, include_none: bool) -> list[EngineDtype]:
+    out = [d for d in target.dtypes if d.scheme != NONE
+           and d.scheme in problem.options["K"] and d.scheme in problem.options["V"]]
+    if include_none:
+        out = [d for d in target.dtypes if d.scheme == NONE] + out
+    if not out:
+        have = sorted(set(problem.options["K"]) & set(problem.options["V"]))
+        need = sorted({d.scheme for d in target.dtypes if d.scheme != NONE})
+        raise SensprofError(
+            f"the profile has none of the schemes target {target.name} needs ({', '.join(need)}); it has "
+            f"{', '.join(have) or 'none'}: re-run `sensprof profile --schemes` with some of them")
+    return out
+
+
+def _plan_global_skip(problem: Problem, target: Target, budget: Budget, num_skip: int | None) -> Solution:
+    import pulp
+
+    t0 = time.perf_counter()
+    layers, limit, sc = problem.layers, budget.limit(problem.layers), _scale(problem)
+    n = len(layers)
+    dts = _dtypes_both(problem, target, include_none=False)
+    full = [_cost(budget, layer, NONE) * 2 for layer in layers]
+    cost = {(i, d): _cost(budget, layers[i], dts[d].scheme) * 2 for i in range(n) for d in range(len(dts))}
+    if num_skip is None:
+        min_cost = min(sum(min(cost[(i, d)], full[i]) for i in range(n)) for d in range(len(dts)))
+    else:
+        min_cost = min(sum(sorted(cost[(i, d)] - full[i] for i in range(n))[:n - num_skip]) + sum(full)
+                       for d in range(len(dts)))
+    _require_feasible(min_cost, budget, layers, target)
+    prob = pulp.LpProblem("sensprof_vllm", pulp.LpMinimize)
+    y = [pulp.LpVariable(f"y_{d}", cat="Binary") for d in range(len(dts))]
+    u = [pulp.LpVariable(f"skip_{i}", cat="Binary") for i in range(n)]
+    z = {(i, d): pulp.LpVariable(f"z_{i}_{d}", lowBound=0, upBound=1) for i in range(n) for d in range(len(dts))}
+    dmg = {(i, d): problem.cell(i, "K", dts[d].scheme) + problem.cell(i, "V", dts[d].scheme)
+           for i in range(n) for d in range(len(dts))}
+    prob += pulp.lpSum(sc * dmg[k] * v for k, v in z.items())
+    prob += pulp.lpSum(y) == 1
+    for (i, d), v in z.items():  # z = y[d] and not skipped
+        prob += v <= y[d]
+        prob += v <= 1 - u[i]
+        prob += v >= y[d] - u[i]
+    prob += (pulp.lpSum(full[i] / limit * u[i] for i in range(n))
+             + pulp.lpSum(cost[k] / limit * v for k, v in z.items())) <= 1 + 1e-9
+    if num_skip is not None:
+        prob += pulp.lpSum(u) == num_skip
+    status, elapsed = _solve(prob, t0)
+    if status != "Optimal":
+        raise SensprofError(f"the solver ended with status {status}; try a larger budget")
+    d = next(j for j in range(len(dts)) if y[j].value() > 0.5)
+    skipped = [i for i in range(n) if u[i].value() > 0.5]
+    choices = [(NONE, NONE) if i in skipped else (dts[d].scheme, dts[d].scheme) for i in range(n)]
+    engine = {"kv_cache_dtype": dts[d].flag_value if len(skipped) < n else "auto", "scheme": dts[d].scheme,
+              "skip_layers": skipped, "needs_scales": dts[d].needs_scales}
+    return _finish(problem, budget, choices, engine, status, elapsed)
+
+
+def _plan_global(problem: Problem, target: Target, budget: Budget) -> Solution:
+    return _plan_pairs(problem, target, budget, tied=True)
+
+
+def _plan_global_kv(problem: Problem, target: Target, budget: Budget) -> Solution:
+    return _plan_pairs(problem, target, budget, tied=False)
+
+
+def _plan_pairs(problem: Problem, target: Target, budget: Budget, tied: bool) -> Solution:
+    """One dtype for every layer: tied (K and V alike) or one for K and one for V."""
+    import pulp
+
+    t0 = time.perf_counter()
+    layers, limit, sc = problem.layers, budget.limit(problem.layers), _scale(problem)
+    n = len(layers)
+    if tied:
+        dts = _dtypes_both(problem, target, include_none=True)
+        k_opts = v_opts = dts
+    else:
+        k_opts = [d for d in target.dtypes if d.scheme == NONE or d.scheme in problem.options["K"]]
+        v_opts = [d for d in target.dtypes if d.scheme == NONE or d.scheme in problem.options["V"]]
+        if len(k_opts) <= 1 and len(v_opts) <= 1:
+            _dtypes_both(problem, target, include_none=False)  # raises the "profile lacks schemes" error
+
+    def total(tensor, d):
+        return (sum(problem.cell(i, tensor, d.scheme) for i in range(n)),
+                sum(_cost(budget, layers[i], d.scheme) for i in range(n)))
+
+    kt = [total("K", d) for d in k_opts]
+    vt = [total("V", d) for d in v_opts]
+    if tied:
+        min_cost = min(kt[j][1] + vt[j][1] for j in range(len(k_opts)))
+    else:
+        min_cost = min(c for _, c in kt) + min(c for _, c in vt)
+    _require_feasible(min_cost, budget, layers, target)
+    prob = pulp.LpProblem("sensprof_global", pulp.LpMinimize)
+    yk = [pulp.LpVariable(f"k_{j}", cat="Binary") for j in range(len(k_opts))]
+    yv = yk if tied else [pulp.LpVariable(f"v_{j}", cat="Binary") for j in range(len(v_opts))]
+    prob += pulp.lpSum(sc * kt[j][0] * yk[j] for j in range(len(k_opts))) + \
+        pulp.lpSum(sc * vt[j][0] * yv[j] for j in range(len(v_opts)))
+    prob += pulp.lpSum(yk) == 1
+    if not tied:
+        prob += pulp.lpSum(yv) == 1
+    prob += (pulp.lpSum(kt[j][1] / limit * yk[j] for j in range(len(k_opts)))
+             + pulp.lpSum(vt[j][1] / limit * yv[j] for j in range(len(v_opts)))) <= 1 + 1e-9
+    status, elapsed = _solve(prob, t0)
+    if status != "Optimal":
+        raise SensprofError(f"the solver ended with status {status}; try a larger budget")
+    dk = k_opts[next(j for j in range(len(k_opts)) if yk[j].value() > 0.5)]
+    dv = v_opts[next(j for j in range(len(v_opts)) if yv[j].value() > 0.5)]
+    choices = [(dk.scheme, dv.scheme)] * n
+    if tied:
+        engine = {"kv_cache_dtype": dk.flag_value, "scheme": dk.scheme, "needs_scales": dk.needs_scales}
+    else:
+        engine = {"cache_type_k": dk.flag_value, "cache_type_v": dv.flag_value}
+    return _finish(problem, budget, choices, engine, status, elapsed)

@@ -1,0 +1,145 @@
+"""Apply a whole plan at once (every layer quantized together) on windows the profile never saw,
+and measure it beside uniform configurations: did summing per-layer damage predict the joint damage?"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import SensprofError
+from .hooks import attention_taps
+from .plan import LayerPlan, Plan, predicted_summary
+from .profile import Baseline
+from .schemes import get_scheme
+from .taps import QuantTap
+from .targets import get_target
+
+# Uniform references every validation shows.
+UNIFORM = {
+    "uniform fp8_e4m3": ("fp8_e4m3", "fp8_e4m3"),
+    "uniform int8_per_token_head": ("int8_per_token_head", "int8_per_token_head"),
+    "uniform KIVI-4 (int4_c32 / int4_t32)": ("int4_c32", "int4_t32"),
+    "uniform KIVI-2 (int2_c32 / int2_t32)": ("int2_c32", "int2_t32"),
+}
+
+
+def layer_choices(plan: Plan, pairs) -> list[LayerPlan]:
+    """The plan's layers with other (K, V) schemes: a list of pairs, or one pair for every layer."""
+    import dataclasses
+
+    if isinstance(pairs, tuple):
+        pairs = [pairs] * len(plan.layers)
+    return [dataclasses.replace(p, k_scheme=k, v_scheme=v) for p, (k, v) in zip(plan.layers, pairs)]
+
+
+def reference_configs(plan: Plan) -> dict[str, list[LayerPlan]]:
+    """Uniform configurations to compare the plan with: the common ones and the target's own
+    (each distinct choice once)."""
+    configs = _Distinct()
+    for name, pair in UNIFORM.items():
+        configs.setdefault(name, layer_choices(plan, pair))
+    target = get_target(plan.target)
+    if plan.target in ("vllm", "sglang"):
+        for d in target.dtypes:
+            if d.scheme != "none":
+                configs.setdefault(f"{plan.target} {d.flag_value} ({d.scheme}), all layers",
+                                   layer_choices(plan, (d.scheme, d.scheme)))
+    if plan.target == "llamacpp":
+        for d in target.dtypes:
+            if d.scheme != "none":
+                configs.setdefault(f"llama.cpp -ctk {d.flag_value} -ctv {d.flag_value}",
+                                   layer_choices(plan, (d.scheme, d.scheme)))
+    skipped = plan.engine.get("skip_layers") or []
+    if plan.target == "vllm" and skipped:
+        k = len(skipped)
+        s = plan.engine["scheme"]
+        configs.setdefault(f"vllm {plan.engine['kv_cache_dtype']}, skip first {k} layers (heuristic)", layer_choices(
+            plan, [("none", "none") if i < k else (s, s) for i in range(len(plan.layers))]))
+    return dict(configs)
+
+
+class _Distinct(dict):
+    """A dict that ignores a configuration whose per-layer choices it already holds."""
+
+    def setdefault(self, name, layers):
+        key = tuple((p.k_scheme, p.v_scheme) for p in layers)
+        if name not in self and all(key != tuple((q.k_scheme, q.v_scheme) for q in v) for v in self.values()):
+            self[name] = layers
+        return self.get(name)
+
+
+def predicted_damage(profile_table, layers: list[LayerPlan], objective_col: str = "kl") -> float:
+    """Sum of per-layer measured damage, or NaN where the profile lacks a cell."""
+    if profile_table is None:
+        return float("nan")
+    idx = profile_table.set_index(["layer", "tensor", "scheme"])[objective_col]
+    total = 0.0
+    for p in layers:
+        for tensor, s in (("K", p.k_scheme), ("V", p.v_scheme)):
+            if s == "none":
+                continue
+            key = (p.layer, tensor, s)
+            if key not in idx.index:
+                return float("nan")
+            total += float(idx.loc[key])
+    return total
+
+
+@torch.inference_mode()
+def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]], progress=None) -> dict[str, dict]:
+    """Measured KL / ΔNLL / ΔPPL of each configuration with all its layers quantized at once."""
+    from .models import describe_layers
+
+    n = len(describe_layers(model))
+    results = {}
+    input_ids = input_ids.to(model.get_input_embeddings().weight.device)
+    with attention_taps(model) as session:
+        baseline = Baseline(model(input_ids=input_ids, use_cache=False).logits, input_ids)
+        for name, layers in configs.items():
+            if len(layers) != n:
+                raise SensprofError(f"configuration {name!r} has {len(layers)} layers, the model {n}")
+            for p in layers:
+                pair = (None if p.k_scheme == "none" else get_scheme(p.k_scheme),
+                        None if p.v_scheme == "none" else get_scheme(p.v_scheme))
+                cal = {k: torch.tensor(v) for k, v in (p.absmax or {}).items()}
+                session.set_tap(p.layer, QuantTap(session, p.layer, [pair], input_ids.shape[0], cal, local=False))
+            try:
+                logits = model(input_ids=input_ids, use_cache=False).logits
+            finally:
+                session.clear_taps()
+            m = baseline.compare(logits, input_ids)
+            m["dppl"] = math.exp(baseline.mean_nll + m["dnll"]) - math.exp(baseline.mean_nll)
+            m["base_ppl"] = math.exp(baseline.mean_nll)
+            results[name] = m
+            if progress:
+                progress(name)
+    return results
+
+
+def validation_table(plan: Plan, measured: dict, configs: dict[str, list[LayerPlan]], profile_table=None):
+    import pandas as pd
+
+    plan_bits = predicted_summary(plan.layers)["avg_bits"]
+    rows = []
+    for name, layers in configs.items():
+        s = predicted_summary(layers)
+        m = measured[name]
+        pred = predicted_damage(profile_table, layers, "kl")  # measured is KL, so predict KL whatever was optimised
+        rows.append({"config": name, "avg_bits": s["avg_bits"], "bytes_per_token": s["bytes_per_token"],
+                     "vs_bf16": s["bytes_per_token"] / (s["bf16_bytes_per_token"]),
+                     "memory_vs_plan": "plan" if name == "plan" else (
+                         ">=" if s["avg_bits"] >= plan_bits - 1e-9 else "<"),
+                     "predicted_kl": pred, "measured_kl": m["kl"], "kl_std": m["kl_std"], "dnll": m["dnll"],
+                     "dppl": m["dppl"], "measured_over_predicted": m["kl"] / pred if pred and pred > 0 else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def format_table(df) -> str:
+    lines = [f"{'configuration':<52}{'bits':>6}{'xbf16':>7}{'mem':>5}{'pred KL':>10}{'meas KL':>10}"
+             f"{'meas/pred':>10}{'dPPL':>9}"]
+    for r in df.itertuples():
+        lines.append(f"{r.config[:51]:<52}{r.avg_bits:>6.2f}{r.vs_bf16:>7.3f}{r.memory_vs_plan:>5}"
+                     f"{r.predicted_kl:>10.2e}{r.measured_kl:>10.2e}{r.measured_over_predicted:>10.2f}{r.dppl:>9.4f}")
+    return "\n".join(lines)
+
