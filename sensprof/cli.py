@@ -133,6 +133,10 @@ def cmd_profile(args) -> int:
     if args.variants_per_pass < 1:
         raise SensprofError("--variants-per-pass must be at least 1")
     # --quiet: the GGUF loader draws its own progress bar on stderr; errors still arrive as exceptions.
+    if args.quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     with contextlib.redirect_stderr(io.StringIO()) if args.quiet else contextlib.nullcontext():
         loaded = load_model(args.model, args.device, args.dtype, args.device_map, args.trust_remote_code)
 

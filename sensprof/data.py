@@ -57,7 +57,10 @@ def bos_prefix(tokenizer) -> list[int]:
     """The tokens the tokenizer itself puts before a text (a BOS for most Llama-likes, none for some)."""
     ids = tokenizer("a", add_special_tokens=True)["input_ids"]
     bare = tokenizer("a", add_special_tokens=False)["input_ids"]
-    return ids[: len(ids) - len(bare)] if ids[len(ids) - len(bare):] == bare else []
+    for i in range(len(ids) - len(bare) + 1):
+        if ids[i:i + len(bare)] == bare:
+            return ids[:i]  # what comes after the text (an EOS, say) is not a prefix
+    return []
 
 
 def make_windows(tokens: list[int], seq_len: int, n_windows: int, seed: int = 0,
@@ -69,6 +72,8 @@ def make_windows(tokens: list[int], seq_len: int, n_windows: int, seed: int = 0,
     import torch
 
     prefix = prefix or []
+    if n_windows < 1:
+        raise SensprofError(f"--windows {n_windows} is too few; use at least 1")
     body = seq_len - len(prefix)
     if seq_len < 2 or body < 1:
         raise SensprofError(f"--seq-len {seq_len} is too short; use at least {len(prefix) + 2}")

@@ -40,14 +40,15 @@ def quantized_token_count(scheme: QuantScheme, n_tokens: int) -> int:
     """Tokens held quantized after n_tokens were appended; the rest wait in full precision.
 
     Sinks stay full precision; the most recent `residual` tokens too; with per-channel groups a
-    token is quantized only once its group of G tokens (counted from the first non-sink) is complete.
+    token is quantized only once its whole group of G tokens (counted from the first non-sink) is
+    complete and has left the residual window.
     """
     if scheme.is_identity:
         return 0
     body = max(0, n_tokens - scheme.sink)
     q = max(0, body - scheme.residual)
     if scheme.granularity == "channel":
-        q = min(q, (body // scheme.group) * scheme.group)
+        q = (q // scheme.group) * scheme.group  # whole groups, each entirely out of the residual window
     return q
 
 

@@ -6,13 +6,14 @@ import torch
 
 
 def log_probs(logits: torch.Tensor) -> torch.Tensor:
-    return torch.log_softmax(logits.float(), dim=-1)
+    """In float64: a KL of 1e-9 must not drown in float32 rounding of log-probabilities (~1e-7)."""
+    return torch.log_softmax(logits.double(), dim=-1)
 
 
 def token_kl(base_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """KL(baseline ‖ quantized) of the next-token distribution at every position: [W, T]."""
     logp = log_probs(logits)
-    return (base_logp.exp() * (base_logp - logp)).sum(-1).clamp_min(0.0)
+    return (base_logp.exp() * (base_logp - logp)).sum(-1)
 
 
 def token_nll(logp: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

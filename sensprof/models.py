@@ -120,8 +120,8 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "auto", dtype: str | Non
     src = resolve_model(name)
     device = resolve_device(device)
     dtype = dtype or default_dtype(device)
-    if not hasattr(torch, dtype) or not isinstance(getattr(torch, dtype), torch.dtype):
-        raise SensprofError(f"unknown --dtype {dtype!r}; use float32, bfloat16 or float16")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise SensprofError(f"unsupported --dtype {dtype!r}; use float32, bfloat16 or float16")
     kwargs = {"trust_remote_code": trust_remote_code}
     if src["gguf_file"]:
         _require("gguf", "install it with `pip install gguf` (or `pip install 'sensprof[gguf]'`)")
@@ -227,15 +227,17 @@ def _clean(obj):
 
 
 def fingerprint(model) -> str:
-    """Identify a model across devices and dtypes: its architecture config plus the sign pattern of
-    a sample of its weights (signs survive fp32/bf16/fp16 conversion; a different checkpoint differs)."""
+    """Identify a model across devices and dtypes: its architecture config, and the sign pattern of
+    evenly spaced samples of every weight (signs survive fp32/bf16/fp16 conversion; another checkpoint,
+    even one differing in a single late layer, changes them)."""
     import torch
 
     h = hashlib.sha256(json.dumps(_clean(model.config.to_dict()), sort_keys=True, default=str).encode())
-    params = [p for _, p in model.named_parameters() if p.dim() >= 2][:2]
-    for p in params:
-        sample = p.detach().reshape(-1)[:4096].float().cpu()
-        h.update((sample > 0).to(torch.uint8).numpy().tobytes())
+    for name, p in model.named_parameters():
+        flat = p.detach().reshape(-1)
+        idx = torch.linspace(0, flat.numel() - 1, min(512, flat.numel()), device=flat.device).long()
+        h.update(f"{name}:{tuple(p.shape)}".encode())
+        h.update((flat[idx] > 0).cpu().to(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 

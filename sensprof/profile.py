@@ -40,10 +40,10 @@ class Baseline:
 
     def compare(self, logits: torch.Tensor, input_ids: torch.Tensor) -> dict:
         logp = log_probs(logits)
-        kl = (self.p * (self.logp - logp)).sum(-1).clamp_min(0.0)  # [W, T]; a difference, not H(p,q) - H(p)
+        kl = (self.p * (self.logp - logp)).sum(-1)  # [W, T]; a difference, not H(p,q) - H(p)
         per_window = kl.mean(-1)
         dnll = float((token_nll(logp, input_ids) - self.nll).mean())
-        return {"kl": float(kl.mean()), "kl_std": float(per_window.std()) if kl.shape[0] > 1 else 0.0,
+        return {"kl": max(float(kl.mean()), 0.0), "kl_std": float(per_window.std()) if kl.shape[0] > 1 else 0.0,
                 "dnll": dnll}
 
 

@@ -26,8 +26,10 @@ class Quantized:
 
 
 def round_half_away(v: torch.Tensor) -> torch.Tensor:
-    """C's roundf, which llama.cpp uses; torch.round rounds half to even."""
-    return torch.sign(v) * torch.floor(v.abs() + 0.5)
+    """C's roundf, which llama.cpp uses: ties away from zero (torch.round sends them to even)."""
+    r = torch.round(v)
+    t = torch.trunc(v)
+    return torch.where((v - t).abs() == 0.5, t + torch.sign(v), r)
 
 
 def _stored(scale: torch.Tensor, bits: int) -> torch.Tensor:

@@ -63,6 +63,10 @@ class QuantScheme:
             bad("integer schemes need 2..8 bits")
         if self.format.startswith("fp8") and (self.bits != 8 or self.codec != "fp8"):
             bad("fp8 formats use the fp8 codec and 8 bits")
+        if self.codec == "fp8" and not self.format.startswith("fp8"):
+            bad("the fp8 codec needs an fp8 format (fp8_e4m3 or fp8_e5m2)")
+        if (self.format == "none") != (self.codec == "none"):
+            bad("only the unquantized format uses the 'none' codec")
         if self.group is not None and self.group < 1:
             bad("group must be positive")
         if self.granularity == "channel" and self.group is None:
@@ -172,7 +176,11 @@ def parse_schemes(names) -> list[QuantScheme]:
         for n in str(item).split(","):
             n = n.strip()
             if n and all(s.name != n for s in out):
-                out.append(get_scheme(n))
+                scheme = get_scheme(n)
+                if scheme.is_identity:
+                    raise SensprofError(f"scheme {n!r} keeps the model dtype, so there is nothing to profile; "
+                                        "drop it from --schemes (the planner always has it)")
+                out.append(scheme)
     if not out:
         raise SensprofError("no schemes given; pass --schemes with one or more of: " + ", ".join(scheme_names()))
     return out

@@ -17,13 +17,13 @@ def full_precision_from(scheme: QuantScheme, n: int, device=None) -> torch.Tenso
     """For each query position t, the first key position still held in full precision.
 
     What a streaming cache holds when query t runs: the `residual` most recent tokens, and with
-    per-channel token groups the tokens of the group that is not complete yet. None: nothing recent.
+    per-channel token groups every group not yet complete and out of that window. None: nothing recent.
     """
     seen = torch.arange(1, n + 1, device=device)
     start = seen - scheme.residual
-    if scheme.granularity == "channel":
-        body = (seen - scheme.sink).clamp_min(0)
-        start = torch.minimum(start, scheme.sink + (body // scheme.group) * scheme.group)
+    if scheme.granularity == "channel":  # the same rule as memory.quantized_token_count
+        out_of_window = (seen - scheme.sink - scheme.residual).clamp_min(0)
+        start = scheme.sink + (out_of_window // scheme.group) * scheme.group
     if bool((start >= seen).all()):
         return None
     return start

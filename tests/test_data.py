@@ -1,0 +1,293 @@
+"""Text and token windows: the built-in corpus, --text files (plain and JSONL), window selection, BOS prefix."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from sensprof.api import load_windows
+from sensprof.data import (bos_prefix, builtin_corpus, load_text, make_windows, read_text_file, text_digest,
+                           tokenize)
+from sensprof.errors import SensprofError
+
+# --------------------------------------------------------------------------- built-in corpus
+
+
+def test_builtin_corpus_is_real_english_prose():
+    text = builtin_corpus()
+    assert isinstance(text, str)
+    assert len(text) > 200_000
+    words = re.findall(r"[A-Za-z]+", text.lower())
+    assert len(words) > 30_000
+    common = {w: words.count(w) for w in ("the", "and", "of", "is", "to")}
+    assert all(n > 500 for n in common.values()), common
+    assert sum(c.isascii() for c in text) / len(text) > 0.99
+    assert text.count(". ") > 1000  # sentences, not a word list
+
+
+def test_builtin_corpus_is_deterministic():
+    assert builtin_corpus() == builtin_corpus()
+    text, name = load_text(None)
+    assert text == builtin_corpus() and name == "builtin:pydoc_data.topics"
+    assert load_text([]) == (text, name)
+
+
+# --------------------------------------------------------------------------- --text files
+
+
+def test_read_plain_text(tmp_path):
+    p = tmp_path / "notes.txt"
+    body = "First line.\n\n{\"text\": \"not parsed in a .txt\"}\nüñí©ødé\n"
+    p.write_text(body, encoding="utf-8")
+    assert read_text_file(str(p)) == body
+
+
+@pytest.mark.parametrize("ext", [".jsonl", ".json"])
+def test_read_jsonl_text_field(tmp_path, ext):
+    p = tmp_path / f"data{ext}"
+    lines = [json.dumps({"text": "alpha beta", "id": 1}), "", "   ", json.dumps({"text": "gamma\ndelta"}),
+             json.dumps({"meta": {"x": 1}, "text": "ε"}, ensure_ascii=False)]
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert read_text_file(str(p)) == "alpha beta\n\ngamma\ndelta\n\nε"
+
+
+def test_read_missing_file(tmp_path):
+    with pytest.raises(SensprofError, match=r"does not exist; check --text") as e:
+        read_text_file(str(tmp_path / "nope.txt"))
+    assert "nope.txt" in str(e.value)
+
+
+def test_read_invalid_json_line(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"text": "ok"}\n{"text": broken\n{"text": "ok"}\n')
+    with pytest.raises(SensprofError) as e:
+        read_text_file(str(p))
+    msg = str(e.value)
+    assert f"{p}:2 is not valid JSON" in msg
+    assert "one object per line" in msg
+
+
+@pytest.mark.parametrize("line", ['{"content": "no text field"}', '{"text": 42}', '["text", "a list"]', '"just a str"'],
+                         ids=["missing", "not-a-string", "list", "string"])
+def test_read_jsonl_without_text_field(tmp_path, line):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"text": "fine"}\n' + line + "\n")
+    with pytest.raises(SensprofError) as e:
+        read_text_file(str(p))
+    msg = str(e.value)
+    assert f"{p}:2 has no string 'text' field" in msg
+    assert '{"text": ...}' in msg
+
+
+def test_read_non_utf8_file(tmp_path):
+    p = tmp_path / "latin1.txt"
+    p.write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    with pytest.raises(SensprofError, match="not UTF-8 text"):
+        read_text_file(str(p))
+
+
+def test_load_text_joins_files(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.jsonl"
+    a.write_text("one")
+    b.write_text(json.dumps({"text": "two"}) + "\n")
+    text, name = load_text([str(a), str(b)])
+    assert text == "one\n\ntwo"
+    assert name == "a.txt,b.jsonl"
+
+
+# --------------------------------------------------------------------------- make_windows
+
+TOKENS = list(range(1000, 2000))  # token value = 1000 + position, so rows tell where they came from
+
+
+def test_make_windows_shape_and_aligned_slices():
+    ids, slots = make_windows(TOKENS, 10, 5, seed=3)
+    assert ids.shape == (5, 10) and ids.dtype == torch.long
+    assert slots == sorted(slots) and len(set(slots)) == 5
+    assert all(0 <= s < 100 for s in slots)
+    for row, s in zip(ids.tolist(), slots):
+        assert row == TOKENS[s * 10:(s + 1) * 10]
+
+
+def test_make_windows_is_deterministic_for_a_seed():
+    a, sa = make_windows(TOKENS, 10, 6, seed=7)
+    b, sb = make_windows(TOKENS, 10, 6, seed=7)
+    assert sa == sb and torch.equal(a, b)
+
+
+def test_make_windows_different_seeds_differ():
+    picks = {tuple(make_windows(TOKENS, 10, 4, seed=s)[1]) for s in range(5)}
+    assert len(picks) == 5
+    a, _ = make_windows(TOKENS, 10, 4, seed=0)
+    b, _ = make_windows(TOKENS, 10, 4, seed=1)
+    assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_windows_do_not_overlap(seed):
+    ids, _ = make_windows(TOKENS, 37, 20, seed=seed)  # 27 slots of 37 tokens, 20 taken
+    positions = [t - 1000 for row in ids.tolist() for t in row]
+    assert len(positions) == len(set(positions)) == 20 * 37
+    for row in ids.tolist():  # each window is one contiguous stretch of text
+        assert row == list(range(row[0], row[0] + 37))
+
+
+def test_make_windows_avoids_excluded_slots():
+    _, first = make_windows(TOKENS, 10, 30, seed=0)
+    ids, second = make_windows(TOKENS, 10, 30, seed=0, exclude=set(first))
+    assert not set(first) & set(second)
+    starts = {row[0] - 1000 for row in ids.tolist()}
+    assert not starts & {s * 10 for s in first}
+
+
+def test_make_windows_exclude_leaves_exactly_enough():
+    exclude = set(range(100)) - {4, 50, 99}
+    _, slots = make_windows(TOKENS, 10, 3, seed=11, exclude=exclude)
+    assert slots == [4, 50, 99]
+
+
+def test_make_windows_exclude_leaves_too_few():
+    with pytest.raises(SensprofError) as e:
+        make_windows(TOKENS, 10, 3, seed=0, exclude=set(range(98)))
+    msg = str(e.value)
+    assert "2 free windows of 10 tokens but 3 were asked for" in msg
+    assert "fewer --windows" in msg
+
+
+def test_make_windows_with_prefix():
+    ids, slots = make_windows(TOKENS, 10, 4, seed=2, prefix=[7])
+    assert ids.shape == (4, 10)
+    assert (ids[:, 0] == 7).all()
+    for row, s in zip(ids.tolist(), slots):
+        assert row[1:] == TOKENS[s * 9:(s + 1) * 9]  # the body is seq_len - len(prefix) tokens
+    assert max(slots) < len(TOKENS) // 9
+
+
+def test_make_windows_text_too_short():
+    with pytest.raises(SensprofError) as e:
+        make_windows(list(range(20)), 32, 1)
+    msg = str(e.value)
+    assert "the text has 20 tokens, shorter than one window of 32" in msg
+    assert "longer --text" in msg and "smaller --seq-len" in msg
+
+
+def test_make_windows_exactly_one_window():
+    ids, slots = make_windows(list(range(32)), 32, 1)
+    assert slots == [0] and ids.tolist() == [list(range(32))]
+
+
+def test_make_windows_too_many_windows():
+    with pytest.raises(SensprofError) as e:
+        make_windows(TOKENS, 100, 11)
+    msg = str(e.value)
+    assert "10 free windows of 100 tokens but 11 were asked for" in msg
+    assert "longer --text" in msg and "fewer --windows" in msg and "smaller --seq-len" in msg
+
+
+@pytest.mark.parametrize("seq_len,prefix,least", [(1, [], 2), (0, [], 2), (2, [1, 1], 4), (3, [1, 1, 1], 5)])
+def test_make_windows_seq_len_too_short(seq_len, prefix, least):
+    with pytest.raises(SensprofError, match=rf"--seq-len {seq_len} is too short; use at least {least}"):
+        make_windows(TOKENS, seq_len, 1, prefix=prefix)
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_make_windows_needs_at_least_one_window(n):
+    with pytest.raises(SensprofError, match="--windows"):
+        make_windows(TOKENS, 10, n)
+
+
+# --------------------------------------------------------------------------- BOS prefix
+
+
+def _with_template(tiny_tokenizer, single: str):
+    from tokenizers import Tokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer.from_str(tiny_tokenizer.backend_tokenizer.to_str())
+    tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=[("<s>", 1), ("</s>", 2)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+@pytest.fixture(scope="module")
+def bos_tokenizer(tiny_tokenizer):
+    return _with_template(tiny_tokenizer, "<s> $A")
+
+
+def test_bos_prefix_none_for_tokenizer_without_specials(tiny_tokenizer):
+    assert tiny_tokenizer("a")["input_ids"] == tiny_tokenizer("a", add_special_tokens=False)["input_ids"]
+    assert bos_prefix(tiny_tokenizer) == []
+
+
+def test_bos_prefix_of_llama_like_tokenizer(bos_tokenizer):
+    assert bos_prefix(bos_tokenizer) == [1]
+
+
+def test_bos_prefix_ignores_an_eos_suffix(tiny_tokenizer):
+    assert bos_prefix(_with_template(tiny_tokenizer, "$A </s>")) == []
+
+
+def test_bos_prefix_of_tokenizer_adding_bos_and_eos(tiny_tokenizer):
+    assert bos_prefix(_with_template(tiny_tokenizer, "<s> $A </s>")) == [1]
+
+
+# --------------------------------------------------------------------------- load_windows
+
+
+def test_load_windows_builtin_shape(tiny_tokenizer):
+    ids, name, digest = load_windows(tiny_tokenizer, None, 24, 3, seed=0)
+    assert ids.shape == (3, 24) and ids.dtype == torch.long
+    assert int(ids.min()) >= 0 and int(ids.max()) < len(tiny_tokenizer)
+    assert name == "builtin:pydoc_data.topics"
+    assert digest == text_digest(builtin_corpus())
+    assert re.fullmatch(r"[0-9a-f]{16}", digest)
+    again, _, _ = load_windows(tiny_tokenizer, None, 24, 3, seed=0)
+    assert torch.equal(ids, again)
+    other, _, _ = load_windows(tiny_tokenizer, None, 24, 3, seed=1)
+    assert not torch.equal(ids, other)
+
+
+def test_load_windows_rows_are_text_slices(tiny_tokenizer, tmp_path):
+    p = tmp_path / "t.txt"
+    text = "The cat sat on the mat and then the dog ate the cat's dinner. " * 30
+    p.write_text(text)
+    ids, name, digest = load_windows(tiny_tokenizer, [str(p)], 16, 4, seed=5)
+    assert ids.shape == (4, 16)
+    assert name == "t.txt" and digest == text_digest(text)
+    toks = tokenize(tiny_tokenizer, text)
+    rows = {tuple(toks[s * 16:(s + 1) * 16]) for s in range(len(toks) // 16)}
+    assert all(tuple(r) in rows for r in ids.tolist())
+
+
+def test_load_windows_puts_bos_first(bos_tokenizer):
+    ids, _, _ = load_windows(bos_tokenizer, None, 20, 3, seed=0)
+    assert ids.shape == (3, 20)
+    assert (ids[:, 0] == 1).all()
+    assert not (ids[:, 1:] == 1).all()
+
+
+def test_load_windows_exclude(tiny_tokenizer):
+    toks = tokenize(tiny_tokenizer, builtin_corpus())
+    _, first = make_windows(toks, 24, 3, seed=0)
+    ids, _, _ = load_windows(tiny_tokenizer, None, 24, 3, seed=0, exclude=set(first))
+    for row in ids.tolist():
+        assert row not in [toks[s * 24:(s + 1) * 24] for s in first]
+
+
+@pytest.mark.parametrize("seq_len", [1, 0, -3])
+def test_load_windows_seq_len_too_short(tiny_tokenizer, seq_len):
+    with pytest.raises(SensprofError, match="too short; use at least 2"):
+        load_windows(tiny_tokenizer, None, seq_len, 1)
+
+
+def test_load_windows_missing_file(tiny_tokenizer, tmp_path):
+    with pytest.raises(SensprofError, match="does not exist"):
+        load_windows(tiny_tokenizer, [str(tmp_path / "none.txt")], 16, 1)
+
+
+def test_text_digest():
+    assert text_digest("abc") == text_digest("abc")
+    assert text_digest("abc") != text_digest("abd")
+    assert re.fullmatch(r"[0-9a-f]{16}", text_digest(""))

@@ -1,0 +1,245 @@
+"""sensprof.hooks: RoPE helpers, the attention_taps context manager and replay_from."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ARCHS, make_tiny_model
+
+from sensprof import hooks
+from sensprof.hooks import apply_rope, attention_taps, record_layer_outputs, replay_from, undo_rope
+from sensprof.models import decoder_layers
+from sensprof.taps import StatsTap
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one intra-op thread is faster (no spinning on a busy 2-core box) and deterministic."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _rope_tables(t, rd, seed=0, base=10000.0):
+    """cos/sin [1, T, rd] laid out as transformers builds them (two copies of the frequencies)."""
+    inv = 1.0 / (base ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
+    ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None]
+    emb = torch.cat([ang, ang], dim=-1)
+    return emb.cos()[None].float(), emb.sin()[None].float()
+
+
+def _n_pre_hooks(model):
+    return sum(len(m._forward_pre_hooks) for m in model.modules())
+
+
+# ---------------------------------------------------------------- RoPE helpers
+
+
+@pytest.mark.parametrize("rd", [16, 8, 4])
+def test_undo_rope_inverts_apply_rope(rd):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 40, 16, generator=g)
+    cos, sin = _rope_tables(40, rd)
+    y = apply_rope(x, cos, sin)
+    # the rotation really changed the rotary part (position 0 is the identity rotation)...
+    assert (y[..., 1:, :rd] - x[..., 1:, :rd]).abs().max() > 1e-2
+    # ...and left the tail of a partial rotary as it was, bit for bit
+    assert torch.equal(y[..., rd:], x[..., rd:])
+    assert y.shape == x.shape
+    torch.testing.assert_close(undo_rope(y, cos, sin), x, rtol=0, atol=1e-5)
+    # rotations keep each pair's norm
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1), rtol=1e-5, atol=1e-5)
+
+
+def test_apply_rope_matches_transformers_partial_rotary():
+    """Phi-3's partial rotary (cos has head_dim/2 dims) done by transformers and by sensprof agree."""
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 24, 16, generator=g)
+    k = torch.randn(1, 2, 24, 16, generator=g)
+    cos, sin = _rope_tables(24, 8)
+    q_ref, k_ref = apply_rotary_pos_emb(q, k, cos, sin)
+    torch.testing.assert_close(apply_rope(k, cos, sin), k_ref, rtol=0, atol=1e-6)
+    torch.testing.assert_close(apply_rope(q, cos, sin), q_ref, rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- attention_taps
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_taps_without_taps_change_nothing(arch, tiny_ids, monkeypatch):
+    model = make_tiny_model(arch)
+    with torch.no_grad():
+        ref = model(input_ids=tiny_ids, use_cache=False).logits
+        with attention_taps(model) as session:
+            assert model.config._attn_implementation == hooks.ATTN_NAME
+            calls = []
+            # count that attention really went through sensprof's function
+            orig = hooks.model_eager
+
+            def counting(module):
+                calls.append(module.layer_idx)
+                return orig(module)
+
+            monkeypatch.setattr(hooks, "model_eager", counting)
+            out = model(input_ids=tiny_ids, use_cache=False).logits
+            monkeypatch.undo()
+        assert sorted(calls) == list(range(len(decoder_layers(model))))
+        assert all(session.rope[i] is not None for i in range(len(decoder_layers(model))))
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("start_impl", ["eager", "sdpa"])
+def test_taps_context_restores_model(start_impl, tiny_ids):
+    model = make_tiny_model("llama")
+    model.set_attn_implementation(start_impl)
+    hooks_before = _n_pre_hooks(model)
+    with torch.no_grad():
+        ref = model(input_ids=tiny_ids, use_cache=False).logits
+        with attention_taps(model) as session:
+            session.set_tap(0, lambda eager, module, q, k, v, mask, kw: eager(module, q, k * 0.5, v, mask, **kw))
+            assert _n_pre_hooks(model) == hooks_before + len(decoder_layers(model))
+            changed = model(input_ids=tiny_ids, use_cache=False).logits
+        assert not torch.allclose(changed, ref)
+        assert model.config._attn_implementation == start_impl
+        assert _n_pre_hooks(model) == hooks_before
+        assert not any(id(layer.self_attn) in hooks._TAPS for layer in decoder_layers(model))
+        torch.testing.assert_close(model(input_ids=tiny_ids, use_cache=False).logits, ref, rtol=0, atol=1e-5)
+
+
+def test_taps_context_restores_model_after_exception(tiny_ids):
+    model = make_tiny_model("gemma3")
+    hooks_before = _n_pre_hooks(model)
+
+    def bad_tap(eager, module, q, k, v, mask, kw):
+        raise RuntimeError("boom inside a tap")
+
+    with torch.no_grad():
+        ref = model(input_ids=tiny_ids, use_cache=False).logits
+        with pytest.raises(RuntimeError, match="boom inside a tap"):
+            with attention_taps(model) as session:
+                session.set_tap(1, bad_tap)
+                model(input_ids=tiny_ids, use_cache=False)
+        assert model.config._attn_implementation == "eager"
+        assert _n_pre_hooks(model) == hooks_before
+        assert not any(id(layer.self_attn) in hooks._TAPS for layer in decoder_layers(model))
+        with pytest.raises(KeyError):
+            with attention_taps(model):
+                raise KeyError("raised in the body")
+        assert model.config._attn_implementation == "eager"
+        assert _n_pre_hooks(model) == hooks_before
+        assert torch.equal(model(input_ids=tiny_ids, use_cache=False).logits, ref)
+
+
+# ---------------------------------------------------------------- replay_from
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("start", [0, 1, 2])
+def test_replay_from_gives_full_forward_logits(arch, start, tiny_ids):
+    model = make_tiny_model(arch)
+    layers = decoder_layers(model)
+    outputs: dict = {}
+    with torch.no_grad():
+        with record_layer_outputs(model, outputs):
+            ref = model(input_ids=tiny_ids, use_cache=False).logits
+        assert sorted(outputs) == list(range(len(layers)))
+        ran = []
+        handles = [layer.self_attn.register_forward_pre_hook(lambda m, a, i=i: ran.append(i))
+                   for i, layer in enumerate(layers)]
+        try:
+            with replay_from(model, start, outputs):
+                out = model(input_ids=tiny_ids, use_cache=False).logits
+        finally:
+            for h in handles:
+                h.remove()
+        # the layers before `start` were skipped, the others ran
+        assert ran == list(range(start, len(layers)))
+        assert torch.equal(out, ref)
+        # forward is restored: everything runs again and still matches
+        assert all("forward" not in layer.__dict__ for layer in layers)
+        assert torch.equal(model(input_ids=tiny_ids, use_cache=False).logits, ref)
+
+
+def test_replay_from_repeats_recorded_outputs_for_batched_variants(tiny_ids):
+    model = make_tiny_model("qwen3")
+    outputs: dict = {}
+    with torch.no_grad():
+        with record_layer_outputs(model, outputs):
+            ref = model(input_ids=tiny_ids, use_cache=False).logits
+        with replay_from(model, 2, outputs, repeat=3):
+            out = model(input_ids=tiny_ids.repeat(3, 1), use_cache=False).logits
+    assert out.shape[0] == 3 * tiny_ids.shape[0]
+    for i in range(3):
+        torch.testing.assert_close(out[i * 2:(i + 1) * 2], ref, rtol=0, atol=1e-6)
+
+
+def test_replay_from_restores_forward_on_exception(tiny_ids):
+    model = make_tiny_model("llama")
+    outputs: dict = {}
+    with torch.no_grad():
+        with record_layer_outputs(model, outputs):
+            ref = model(input_ids=tiny_ids, use_cache=False).logits
+        with pytest.raises(ValueError):
+            with replay_from(model, 2, outputs):
+                raise ValueError("interrupted")
+        assert all("forward" not in layer.__dict__ for layer in decoder_layers(model))
+        assert torch.equal(model(input_ids=tiny_ids, use_cache=False).logits, ref)
+
+
+# ---------------------------------------------------------------- StatsTap sees what the cache stores
+
+
+def test_stats_tap_k_pre_matches_k_proj_output(tiny_ids):
+    """Llama has no k_norm: keys before RoPE are exactly k_proj's output; V is v_proj's output."""
+    model = make_tiny_model("llama")
+    layer_idx = 1
+    attn = decoder_layers(model)[layer_idx].self_attn
+    hd = attn.head_dim
+    captured = {}
+
+    def grab(name):
+        def hook(module, args, output):
+            b, t, _ = output.shape
+            captured[name] = output.detach().view(b, t, -1, hd).transpose(1, 2)
+        return hook
+
+    handles = [attn.k_proj.register_forward_hook(grab("k")), attn.v_proj.register_forward_hook(grab("v"))]
+    try:
+        with torch.no_grad(), attention_taps(model) as session:
+            tap = StatsTap(session, layer_idx)
+            session.set_tap(layer_idx, tap)
+            model(input_ids=tiny_ids, use_cache=False)
+            cos, sin = session.rope[layer_idx]
+    finally:
+        for h in handles:
+            h.remove()
+    k_pre, v = captured["k"], captured["v"]
+    assert k_pre.shape == (2, 2, 64, hd)
+
+    def chan_absmax(x):
+        return x.abs().amax(dim=(0, 2))
+
+    def moments(x):
+        xd = x.double().reshape(-1)
+        return torch.stack([torch.tensor(float(xd.numel()), dtype=torch.float64), xd.sum(), xd.pow(2).sum(),
+                            xd.pow(3).sum(), xd.pow(4).sum()])
+
+    st = tap.stats
+    assert set(st) == {"K", "V", "K_pre"}
+    torch.testing.assert_close(st["K_pre"].chan_absmax, chan_absmax(k_pre), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(st["K_pre"].moments, moments(k_pre), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(st["K_pre"].head_absmax, k_pre.abs().amax(dim=(0, 2, 3)), rtol=1e-5, atol=1e-6)
+    # V is stored as projected; K after RoPE
+    assert torch.equal(st["V"].chan_absmax, chan_absmax(v))
+    k_post = apply_rope(k_pre, cos, sin)
+    torch.testing.assert_close(st["K"].chan_absmax, chan_absmax(k_post), rtol=1e-6, atol=1e-6)
+    # and K_pre is not K: RoPE moved things
+    assert not torch.allclose(st["K"].chan_absmax, st["K_pre"].chan_absmax, atol=1e-3)
+    kp = st["K_pre"]
+    n, s1, s2, s3, s4 = (float(x) for x in moments(k_pre))
+    mu, var = s1 / n, s2 / n - (s1 / n) ** 2
+    kurt = (s4 / n - 4 * mu * s3 / n + 6 * mu * mu * s2 / n - 3 * mu ** 4) / var ** 2
+    assert kp.kurtosis() == pytest.approx(kurt, rel=1e-5)

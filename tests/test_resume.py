@@ -1,0 +1,359 @@
+"""The profile directory: interrupted runs resume, foreign directories are refused, partial profiles merge."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import VOCAB, make_tiny_model, tiny_config
+
+import sensprof.profile as profile_mod
+from sensprof.errors import SensprofError
+from sensprof.profile import run_profile
+from sensprof.schemes import parse_schemes
+from sensprof.table import load_profile, merge_profiles, parse_layers
+
+SCHEMES = "int4_c32,int2_t32,int4_t32_r16,int2_c32_pre"
+TABLES = ("profile.csv", "heads.csv", "stats.csv", "calibration.json")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _ids(seq_len=64):
+    return torch.randint(3, VOCAB, (2, 64), generator=torch.Generator().manual_seed(0))[:, :seq_len]
+
+
+def _bytes(d, name):
+    with open(os.path.join(d, name), "rb") as f:
+        return f.read()
+
+
+def _parts(d):
+    p = os.path.join(d, "parts")
+    return sorted(n for n in os.listdir(p) if n.startswith("layer_") and n.endswith(".json")) if os.path.isdir(p) else []
+
+
+def _assert_same_tables(a, b, names=TABLES):
+    for name in names:
+        assert _bytes(a, name) == _bytes(b, name), name
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted in-process profile of the tiny Llama (all layers)."""
+    d = str(tmp_path_factory.mktemp("ref") / "full")
+    model = make_tiny_model("llama")
+    prof = run_profile(model, _ids(), parse_schemes(SCHEMES), out_dir=d, progress=False)
+    assert prof.meta["complete"] and len(prof.table) == 3 * 7
+    return model, d
+
+
+# ---------------------------------------------------------------- (a) interrupted in process, resumed
+
+
+def test_resume_after_in_process_interruption(reference, tmp_path, monkeypatch):
+    model, ref_dir = reference
+    out = str(tmp_path / "run")
+    real = profile_mod.profile_layer
+    calls = []
+
+    def failing(model_, session, layer, *a, **k):
+        calls.append(layer)
+        if len(calls) > 1:
+            raise Interrupted("stopped after one layer")
+        return real(model_, session, layer, *a, **k)
+
+    monkeypatch.setattr(profile_mod, "profile_layer", failing)
+    with pytest.raises(Interrupted):
+        run_profile(model, _ids(), parse_schemes(SCHEMES), out_dir=out, progress=False)
+    assert calls == [0, 1]
+    assert _parts(out) == ["layer_0000.json"]
+    meta = json.loads(_bytes(out, "meta.json"))
+    assert meta["layers_done"] == [0] and meta["complete"] is False
+    assert model.config._attn_implementation == "eager"  # the exception left the model clean
+    partial = load_profile(out)
+    assert set(partial.table.layer) == {0}
+    with pytest.raises(SensprofError, match="partial"):
+        load_profile(out, require_complete=True)
+    part0 = _bytes(out, "parts/layer_0000.json")
+
+    resumed = []
+
+    def spy(model_, session, layer, *a, **k):
+        resumed.append(layer)
+        return real(model_, session, layer, *a, **k)
+
+    monkeypatch.setattr(profile_mod, "profile_layer", spy)
+    prof = run_profile(model, _ids(), parse_schemes(SCHEMES), out_dir=out, progress=False)
+    assert resumed == [1, 2]  # layer 0 was not redone...
+    assert _bytes(out, "parts/layer_0000.json") == part0  # ...and its part was kept as written
+    assert prof.meta["complete"] is True and prof.meta["layers_done"] == [0, 1, 2]
+    _assert_same_tables(out, ref_dir)
+    assert _parts(out) == _parts(ref_dir)
+
+    # the same command once more only reads the finished profile
+    resumed.clear()
+    again = run_profile(model, _ids(), parse_schemes(SCHEMES), out_dir=out, progress=False)
+    assert resumed == []
+    assert again.table.equals(prof.table)
+
+
+# ---------------------------------------------------------------- (b) kill -9 of the CLI, resumed
+
+
+@pytest.fixture(scope="module")
+def deep_model_dir(tmp_path_factory, tiny_tokenizer):
+    """A tiny Llama with 16 layers, so a CLI run lasts long enough to be killed between parts."""
+    cfg, cls = tiny_config("llama")
+    cfg.num_hidden_layers = 16
+    torch.manual_seed(0)
+    model = cls(cfg).eval()
+    d = tmp_path_factory.mktemp("deep-llama")
+    model.save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    return str(d)
+
+
+def _cli_env():
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1")
+    return env
+
+
+def _profile_args(model_dir, out):
+    return ["profile", "--model", model_dir, "--seq-len", "64", "--windows", "2", "--schemes",
+            "int4_c32,int2_t32,fp8_e4m3,q4_0", "--out", out, "--quiet", "--device", "cpu"]
+
+
+def test_resume_after_kill_9(deep_model_dir, tmp_path):
+    from sensprof.cli import main
+
+    out = str(tmp_path / "killed")
+    cmd = [sys.executable, "-m", "sensprof", *_profile_args(deep_model_dir, out)]
+    log = open(tmp_path / "killed.log", "wb")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_cli_env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while not _parts(out) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not _parts(out):
+            proc.kill()
+            proc.wait()
+            log.close()
+            pytest.fail("no part file appeared; the CLI said:\n" + (tmp_path / "killed.log").read_text()[-3000:])
+        proc.send_signal(signal.SIGKILL)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    done_before = _parts(out)
+    if rc == 0 or len(done_before) == 16:
+        pytest.skip(f"the run finished before the kill (rc {rc}, {len(done_before)} parts); nothing to resume")
+    assert rc == -signal.SIGKILL
+    assert 1 <= len(done_before) < 16
+    kept = {name: _bytes(out, os.path.join("parts", name)) for name in done_before}
+
+    # resume with the same command; meanwhile the uninterrupted run, in process (one thread like the CLI's)
+    with open(tmp_path / "resumed.log", "wb") as log:
+        resume = subprocess.Popen(cmd, cwd=tmp_path, env=_cli_env(), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            ref = str(tmp_path / "uninterrupted")
+            assert main(_profile_args(deep_model_dir, ref)) == 0
+            rc = resume.wait(timeout=300)
+        finally:
+            if resume.poll() is None:
+                resume.kill()
+                resume.wait()
+    assert rc == 0, (tmp_path / "resumed.log").read_text()[-3000:]
+    assert _parts(out) == [f"layer_{i:04d}.json" for i in range(16)]
+    for name, data in kept.items():  # finished layers were not redone
+        assert _bytes(out, os.path.join("parts", name)) == data, name
+    meta = json.loads(_bytes(out, "meta.json"))
+    assert meta["complete"] is True and meta["layers_done"] == list(range(16))
+    _assert_same_tables(out, ref)
+    prof = load_profile(out, require_complete=True)
+    assert len(prof.table) == 16 * 8
+
+
+# ---------------------------------------------------------------- (c) directories that are not this profile
+
+
+@pytest.fixture
+def small_profile_dir(reference, tmp_path):
+    """A profile of layer 0 only (cheap), written by the reference settings."""
+    model, _ = reference
+    d = str(tmp_path / "small")
+    run_profile(model, _ids(), parse_schemes(SCHEMES), layers=[0], out_dir=d, progress=False)
+    return model, d
+
+
+@pytest.mark.parametrize("change,key", [("schemes", "schemes"), ("seq_len", "seq_len"), ("model", "model_fingerprint"),
+                                        ("variants_per_pass", "variants_per_pass"), ("seed", "seed")])
+def test_out_dir_with_other_settings_is_refused(small_profile_dir, change, key):
+    model, d = small_profile_dir
+    ids, schemes, kw = _ids(), parse_schemes(SCHEMES), {}
+    if change == "schemes":
+        schemes = parse_schemes("int4_c32,int2_t32")
+    elif change == "seq_len":
+        ids = _ids(32)
+    elif change == "model":
+        model = make_tiny_model("llama", seed=1)
+    elif change == "variants_per_pass":
+        kw["variants_per_pass"] = 2
+    else:
+        kw["seed"] = 7
+    before = {n: _bytes(d, n) for n in ("meta.json", "profile.csv", "parts/layer_0000.json")}
+    with pytest.raises(SensprofError, match="different model or settings") as e:
+        run_profile(model, ids, schemes, out_dir=d, progress=False, **kw)
+    assert key in str(e.value)
+    assert {n: _bytes(d, n) for n in before} == before  # nothing was touched
+    assert _parts(d) == ["layer_0000.json"]
+
+
+def test_cli_refuses_out_dir_with_other_seq_len(tiny_model_dir, tmp_path, capsys):
+    from sensprof.cli import main
+
+    out = str(tmp_path / "cli")
+    args = ["profile", "--model", tiny_model_dir, "--windows", "2", "--schemes", "int4_c32,int2_t32", "--layers", "0",
+            "--out", out, "--quiet", "--device", "cpu"]
+    assert main(args + ["--seq-len", "32"]) == 0
+    capsys.readouterr()
+    before = _bytes(out, "profile.csv")
+    assert main(args + ["--seq-len", "48"]) == 2
+    err = capsys.readouterr().err
+    assert "different model or settings" in err and "seq_len" in err
+    assert main(["profile", "--model", tiny_model_dir, "--windows", "2", "--schemes", "int4_c32", "--layers", "0",
+                 "--out", out, "--quiet", "--device", "cpu", "--seq-len", "32"]) == 2
+    err = capsys.readouterr().err
+    assert "different model or settings" in err and "schemes" in err
+    assert _bytes(out, "profile.csv") == before
+
+
+def test_out_dir_of_a_model_with_other_later_weights_is_refused(small_profile_dir):
+    _, d = small_profile_dir
+    other = make_tiny_model("llama")
+    with torch.no_grad():
+        other.model.layers[2].self_attn.k_proj.weight.mul_(-3.0)
+        other.model.layers[1].mlp.down_proj.weight.normal_()
+    with pytest.raises(SensprofError, match="different model or settings"):
+        run_profile(other, _ids(), parse_schemes(SCHEMES), out_dir=d, progress=False)
+
+
+def test_foreign_directories_are_refused(reference, tmp_path):
+    model, _ = reference
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine\n")
+    with pytest.raises(SensprofError, match="not empty"):
+        run_profile(model, _ids(), parse_schemes("int4_t32"), out_dir=str(foreign), progress=False)
+    assert sorted(os.listdir(foreign)) == ["notes.txt"]
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    with pytest.raises(SensprofError, match="is a file"):
+        run_profile(model, _ids(), parse_schemes("int4_t32"), out_dir=str(a_file), progress=False)
+    other_kind = tmp_path / "other-kind"
+    other_kind.mkdir()
+    (other_kind / "meta.json").write_text(json.dumps({"kind": "something-else"}))
+    with pytest.raises(SensprofError, match="another kind"):
+        run_profile(model, _ids(), parse_schemes("int4_t32"), out_dir=str(other_kind), progress=False)
+    # an empty directory is fine
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    prof = run_profile(model, _ids(), parse_schemes("int4_t32"), layers=[2], out_dir=str(empty), progress=False)
+    assert set(prof.table.layer) == {2}
+
+
+# ---------------------------------------------------------------- (d) --layers split and merge
+
+
+def test_layers_split_then_merge_equals_full_run(reference, tmp_path):
+    model, ref_dir = reference
+    a, b, merged = str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "merged")
+    run_profile(model, _ids(), parse_schemes(SCHEMES), layers=parse_layers("0", 3), out_dir=a, progress=False)
+    run_profile(model, _ids(), parse_schemes(SCHEMES), layers=parse_layers("1-2", 3), out_dir=b, progress=False)
+    assert _parts(a) == ["layer_0000.json"] and _parts(b) == ["layer_0001.json", "layer_0002.json"]
+    for d in (a, b):
+        with pytest.raises(SensprofError, match="partial"):
+            load_profile(d, require_complete=True)
+    meta = merge_profiles([a, b], merged)
+    assert meta["complete"] is True and meta["layers_done"] == [0, 1, 2]
+    _assert_same_tables(merged, ref_dir)
+    prof = load_profile(merged, require_complete=True)
+    assert prof.table.equals(load_profile(ref_dir).table)
+    # the other order gives the same profile
+    merged2 = str(tmp_path / "merged2")
+    merge_profiles([b, a], merged2)
+    _assert_same_tables(merged2, ref_dir, names=("profile.csv", "heads.csv"))
+    # a partial merge stays partial
+    meta = merge_profiles([b], str(tmp_path / "only-b"))
+    assert meta["complete"] is False and meta["layers_done"] == [1, 2]
+
+
+def test_merging_profiles_of_other_settings_is_refused(reference, tmp_path):
+    model, _ = reference
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    run_profile(model, _ids(), parse_schemes(SCHEMES), layers=[0], out_dir=a, progress=False)
+    run_profile(model, _ids(), parse_schemes("int4_c32"), layers=[1], out_dir=b, progress=False)
+    with pytest.raises(SensprofError, match="other settings"):
+        merge_profiles([a, b], str(tmp_path / "merged"))
+    assert not os.path.exists(tmp_path / "merged")
+    with pytest.raises(SensprofError):
+        merge_profiles([], str(tmp_path / "merged"))
+
+
+# ---------------------------------------------------------------- (e) damaged profile directories
+
+
+@pytest.fixture
+def profile_copy(reference, tmp_path):
+    _, ref_dir = reference
+    d = str(tmp_path / "copy")
+    shutil.copytree(ref_dir, d)
+    assert load_profile(d, require_complete=True).meta["complete"]
+    return d
+
+
+@pytest.mark.parametrize("content", ["{not json", "", "\xff\xfe garbage"])
+def test_corrupt_meta_is_reported(profile_copy, content):
+    with open(os.path.join(profile_copy, "meta.json"), "w", encoding="latin-1") as f:
+        f.write(content)
+    with pytest.raises(SensprofError, match="corrupt"):
+        load_profile(profile_copy)
+
+
+@pytest.mark.parametrize("name", ["profile.csv", "heads.csv", "stats.csv"])
+def test_missing_table_is_reported(profile_copy, name):
+    os.remove(os.path.join(profile_copy, name))
+    with pytest.raises(SensprofError, match=f"lacks {name}"):
+        load_profile(profile_copy)
+
+
+def test_other_damage_is_reported(profile_copy, tmp_path):
+    os.remove(os.path.join(profile_copy, "calibration.json"))
+    with pytest.raises(SensprofError, match="missing"):
+        load_profile(profile_copy)
+    with pytest.raises(SensprofError, match="does not exist"):
+        load_profile(str(tmp_path / "nowhere"))
+    os.remove(os.path.join(profile_copy, "meta.json"))
+    with pytest.raises(SensprofError, match="missing"):
+        load_profile(profile_copy)
