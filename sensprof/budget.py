@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .errors import SensprofError
@@ -48,17 +49,25 @@ class Budget:
         return bits * elems
 
     def describe(self, amount: float, layers: list[dict]) -> str:
-        """An amount in this budget's unit, as the user would type it."""
+        """An amount in this budget's unit, as the user would type it (rounded up, so it is feasible)."""
         if self.kind == "serving":
-            return f"--gpu-mem-gib {amount / GIB:.4g}"
+            return f"--gpu-mem-gib {_ceil4(amount / GIB):.4g}"
         elems = sum(2 * layer["kv_heads"] * layer["head_dim"] for layer in layers)
         if self.kind == "avg_bits":
-            return f"--avg-bits {amount / elems:.4g}"
-        return f"--fraction {amount / elems / MODEL_BITS:.4g}"
+            return f"--avg-bits {_ceil4(amount / elems):.4g}"
+        return f"--fraction {_ceil4(amount / elems / MODEL_BITS):.4g}"
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "value": self.value, "max_model_len": self.max_model_len,
                 "max_num_seqs": self.max_num_seqs}
+
+
+def _ceil4(x: float) -> float:
+    """Round up to 4 significant digits (a tiny relative slack first absorbs float noise)."""
+    if x <= 0:
+        return x
+    step = 10 ** (math.floor(math.log10(x)) - 3)
+    return math.ceil(x * (1 - 1e-12) / step) * step
 
 
 def budget_from_args(avg_bits=None, fraction=None, gpu_mem_gib=None, max_model_len=None, max_num_seqs=None) -> Budget:

@@ -7,6 +7,7 @@ budget, within what the target engine can express (see targets.py).
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 from .budget import Budget
@@ -90,8 +91,11 @@ def plan(problem: Problem, target: Target, budget: Budget, num_skip: int | None 
         raise SensprofError(f"--num-skip only applies to target vllm, not {target.name}")
     if num_skip is not None and not 0 <= num_skip <= len(problem.layers):
         raise SensprofError(f"--num-skip {num_skip} is out of range: the model has {len(problem.layers)} layers")
-    return solvers[target.structure](problem, target, budget, num_skip) if target.structure == "global_skip" \
-        else solvers[target.structure](problem, target, budget)
+    with warnings.catch_warnings():  # PuLP 3.x announces its 4.0 API; pulp < 4 is pinned
+        warnings.filterwarnings("ignore", message=r".*PuLP 4\.0", category=DeprecationWarning)
+        if target.structure == "global_skip":
+            return solvers[target.structure](problem, target, budget, num_skip)
+        return solvers[target.structure](problem, target, budget)
 
 
 def _scale(problem: Problem) -> float:
@@ -119,11 +123,31 @@ def _plan_free(problem: Problem, target: Target, budget: Budget) -> Solution:
     status, elapsed = _solve(prob, t0)
     if status != "Optimal":
         raise SensprofError(f"the solver ended with status {status}; try a larger budget")
-    choices = []
-    for i in range(len(layers)):
-        pick = {t: next(opts[t][j] for j in range(len(opts[t])) if x[(i, t, j)].value() > 0.5) for t in ("K", "V")}
-        choices.append((pick["K"], pick["V"]))
-    return _finish(problem, budget, choices, {}, status, elapsed)
+    pick = {(i, t): next(opts[t][j] for j in range(len(opts[t])) if x[(i, t, j)].value() > 0.5)
+            for i in range(len(layers)) for t in ("K", "V")}
+    _polish(problem, budget, opts, pick, limit)
+    choices = [(pick[(i, "K")], pick[(i, "V")]) for i in range(len(layers))]
+    return _finish(problem, budget, choices, {}, status, time.perf_counter() - t0)
+
+
+def _polish(problem: Problem, budget: Budget, opts, pick: dict, limit: float) -> None:
+    """Single-cell improvements the solver's tolerances hid: damages span many decades (1e-11..1e-1),
+    and CBC treats a cell 1e-7 below the largest as free. Each move lowers damage and keeps the budget."""
+    cost = {k: _cost(budget, problem.layers[k[0]], s) for k, s in pick.items()}
+    slack = limit - sum(cost.values())
+    while True:
+        best = None
+        for (i, t), s in pick.items():
+            here = problem.cell(i, t, s)
+            for alt in opts[t]:
+                gain = here - problem.cell(i, t, alt)
+                extra = _cost(budget, problem.layers[i], alt) - cost[(i, t)]
+                if gain > 0 and extra <= slack + 1e-9 * limit and (best is None or gain > best[0]):
+                    best = (gain, (i, t), alt, extra)
+        if best is None:
+            return
+        _, key, alt, extra = best
+        pick[key], cost[key], slack = alt, cost[key] + extra, slack - extra
 
 
 def _dtypes_both(problem: Problem, target: Target, include_none: bool) -> list[EngineDtype]:
@@ -198,6 +222,7 @@ def _plan_pairs(problem: Problem, target: Target, budget: Budget, tied: bool) ->
     layers, limit, sc = problem.layers, budget.limit(problem.layers), _scale(problem)
     n = len(layers)
     if tied:
+        _dtypes_both(problem, target, include_none=False)  # refuses a profile with none of the target's schemes
         dts = _dtypes_both(problem, target, include_none=True)
         k_opts = v_opts = dts
     else:

@@ -17,7 +17,7 @@ from . import __version__
 from .errors import SensprofError
 from .hooks import attention_taps, record_layer_outputs, replay_from
 from .memory import bits_per_element
-from .metrics import log_probs, token_nll
+from .metrics import kl_and_dnll, log_probs, token_nll
 from .models import describe_layers, fingerprint, layer_infos_to_json
 from .schemes import QuantScheme
 from .table import (CALIBRATION, FORMAT_VERSION, KIND, META, PARTS, STATS, STATS_COLUMNS, Profile, check_out_dir,
@@ -29,22 +29,20 @@ class Baseline:
     """Unquantized next-token distributions, kept once for every cell's comparison."""
 
     def __init__(self, logits: torch.Tensor, input_ids: torch.Tensor):
-        self.logp = log_probs(logits)
-        if not torch.isfinite(self.logp).all():
+        logp = log_probs(logits)
+        if not torch.isfinite(logp).all():
             raise SensprofError(
                 "the unquantized model produced NaN/Inf logits on these windows; try --dtype float32 or "
                 "a shorter --seq-len")
-        self.p = self.logp.exp()
-        self.nll = token_nll(self.logp, input_ids)
-        self.mean_nll = float(self.nll.mean())
+        self.logits = logits.float()
+        self.p = logp.exp().float()
+        self.mean_nll = float(token_nll(logp, input_ids).mean())
 
     def compare(self, logits: torch.Tensor, input_ids: torch.Tensor) -> dict:
-        logp = log_probs(logits)
-        kl = (self.p * (self.logp - logp)).sum(-1)  # [W, T]; a difference, not H(p,q) - H(p)
+        kl, dnll = kl_and_dnll(self.p, self.logits, logits, input_ids)
         per_window = kl.mean(-1)
-        dnll = float((token_nll(logp, input_ids) - self.nll).mean())
         return {"kl": max(float(kl.mean()), 0.0), "kl_std": float(per_window.std()) if kl.shape[0] > 1 else 0.0,
-                "dnll": dnll}
+                "dnll": float(dnll.mean())}
 
 
 def _input_device(model):

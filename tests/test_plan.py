@@ -1,0 +1,268 @@
+"""The plan artifact: built from a real profile of a tiny model for every target, saved and loaded back
+unchanged, refused when it is not a plan of this format; its predicted storage is memory.py's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import VOCAB, make_tiny_model
+from sensprof.budget import Budget
+from sensprof.commands import describe_plan, make_plan, plan_path
+from sensprof.errors import SensprofError
+from sensprof.memory import MODEL_BITS, bits_per_element
+from sensprof.plan import FP8_E4M3_MAX, PLAN_FORMAT_VERSION, PLAN_KIND, Plan, load_plan, predicted_summary
+from sensprof.planner import OBJECTIVES
+from sensprof.profile import run_profile
+from sensprof.schemes import get_scheme, parse_schemes
+from sensprof.table import load_profile
+from sensprof.targets import TARGETS, engine_dtype_for
+
+SCHEMES = ("fp8_e4m3,fp8_e4m3_cal,int8_per_token_head,int4_per_token_head,q8_0,q4_0,q4_1,"
+           "int4_c32,int4_t32,int2_c32,int2_t32")
+HEAD_DIM = 16  # tiny gemma3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run far faster on one thread, above all on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def profile_dir(tmp_path_factory, one_thread):
+    """A complete profile of the tiny gemma3 (layers 0, 1 sliding, 2 full) on fixed random windows."""
+    out = tmp_path_factory.mktemp("plan-profile") / "prof"
+    model = make_tiny_model("gemma3")
+    ids = torch.randint(3, VOCAB, (2, 64), generator=torch.Generator().manual_seed(0))
+    run_profile(model, ids, parse_schemes(SCHEMES), out_dir=str(out), model_id="tiny-gemma3", progress=False,
+                extra_meta={"window_slots": [3, 5], "text_files": None})
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def profile(profile_dir):
+    return load_profile(profile_dir)
+
+
+# budget per target, picked so that every target has a real choice to make
+BUDGETS = {"sensprof": Budget("avg_bits", 6), "vllm": Budget("avg_bits", 10), "sglang": Budget("avg_bits", 12),
+           "llamacpp": Budget("fraction", 0.4)}
+
+
+@pytest.fixture(scope="module")
+def plans(profile_dir):
+    return {t: make_plan(profile_dir, t, b) for t, b in BUDGETS.items()}
+
+
+def _bits(layer):
+    return (bits_per_element(get_scheme(layer.k_scheme), layer.head_dim)
+            + bits_per_element(get_scheme(layer.v_scheme), layer.head_dim)) / 2
+
+
+@pytest.mark.parametrize("target", list(BUDGETS))
+def test_plan_records_the_profile_and_solution(plans, profile, target):
+    plan = plans[target]
+    assert plan.kind == PLAN_KIND and plan.format_version == PLAN_FORMAT_VERSION
+    assert plan.target == target and plan.objective == "kl"
+    assert plan.model_id == "tiny-gemma3"
+    assert plan.model_fingerprint == profile.meta["model"]["fingerprint"]
+    assert plan.budget == BUDGETS[target].to_json()
+    assert plan.solver["status"] == "Optimal"
+    assert [p.layer for p in plan.layers] == [0, 1, 2]
+    assert [(p.kind, p.window) for p in plan.layers] == [("sliding", 8), ("sliding", 8), ("full", None)]
+    assert all(p.kv_heads == 2 and p.head_dim == HEAD_DIM for p in plan.layers)
+    table = profile.table
+    for p in plan.layers:
+        assert p.absmax == profile.calibration[str(p.layer)]
+        assert set(p.absmax) >= {"K", "V"}
+        for tensor, scheme, dmg in (("K", p.k_scheme, p.k_damage), ("V", p.v_scheme, p.v_damage)):
+            if scheme == "none":
+                assert dmg == 0.0
+            else:
+                row = table[(table.layer == p.layer) & (table.tensor == tensor) & (table.scheme == scheme)]
+                assert dmg == pytest.approx(float(row.kl.iloc[0]), rel=1e-12)
+    assert plan.predicted["damage"] == pytest.approx(sum(p.k_damage + p.v_damage for p in plan.layers), rel=1e-9)
+    assert plan.predicted["budget_used"] <= plan.predicted["budget_limit"] * (1 + 1e-9)
+    assert plan.profile["window_slots"] == [3, 5]
+    assert plan.profile["settings"] == profile.meta["settings"]
+    assert plan.created
+
+
+@pytest.mark.parametrize("target", list(BUDGETS))
+def test_plan_respects_its_budget_and_target(plans, target):
+    plan = plans[target]
+    avg = sum(_bits(p) for p in plan.layers) / len(plan.layers)  # every layer has the same size here
+    b = BUDGETS[target]
+    cap = b.value if b.kind == "avg_bits" else b.value * MODEL_BITS
+    assert avg <= cap + 1e-9
+    pairs = [(p.k_scheme, p.v_scheme) for p in plan.layers]
+    tgt = TARGETS[target]
+    if target == "vllm":
+        kept = {c for c in pairs if c != ("none", "none")}
+        assert len(kept) == 1 and all(k == v for k, v in kept)
+        (scheme, _), = kept
+        assert plan.engine["scheme"] == scheme
+        assert plan.engine["kv_cache_dtype"] == engine_dtype_for(tgt, scheme).flag_value
+        assert plan.engine["skip_layers"] == [i for i, c in enumerate(pairs) if c == ("none", "none")]
+    elif target == "sglang":
+        assert len(set(pairs)) == 1 and pairs[0][0] == pairs[0][1]
+        assert plan.engine["kv_cache_dtype"] == engine_dtype_for(tgt, pairs[0][0]).flag_value
+    elif target == "llamacpp":
+        assert len(set(pairs)) == 1
+        assert plan.engine["cache_type_k"] == engine_dtype_for(tgt, pairs[0][0]).flag_value
+        assert plan.engine["cache_type_v"] == engine_dtype_for(tgt, pairs[0][1]).flag_value
+    else:
+        assert plan.engine == {}
+        assert plan.predicted["damage"] > 0  # 6 of 16 bits: quantizing is unavoidable
+
+
+@pytest.mark.parametrize("target", list(BUDGETS))
+def test_predicted_avg_bits_is_memory_bits_per_element(plans, target):
+    plan = plans[target]
+    expected = sum(_bits(p) for p in plan.layers) / len(plan.layers)
+    pred = plan.predicted
+    assert pred["avg_bits"] == pytest.approx(expected, rel=1e-12)
+    assert pred["fraction_of_bf16"] == pytest.approx(expected / MODEL_BITS, rel=1e-12)
+    elems = sum(2 * p.kv_heads * p.head_dim for p in plan.layers)
+    assert pred["bf16_bytes_per_token"] == elems * 2
+    assert pred["bytes_per_token"] == pytest.approx(expected * elems / 8, rel=1e-12)
+    assert predicted_summary(plan.layers) == {k: pred[k] for k in
+                                              ("avg_bits", "bytes_per_token", "bf16_bytes_per_token",
+                                               "fraction_of_bf16")}
+
+
+def test_predicted_summary_by_hand():
+    from sensprof.plan import LayerPlan
+
+    layers = [LayerPlan(0, "full", None, 2, 64, "q4_0", "q8_0", 0.0, 0.0),  # 4.5 and 8.5 bits
+              LayerPlan(1, "full", None, 1, 128, "none", "int2_c32", 0.0, 0.0)]  # 16 and 2 + 32/32 bits
+    s = predicted_summary(layers)
+    bits = (4.5 + 8.5) * 128 + (16 + 3) * 128
+    assert s["avg_bits"] == pytest.approx(bits / 512)
+    assert s["bytes_per_token"] == pytest.approx(bits / 8)
+    assert s["bf16_bytes_per_token"] == 512 * 2
+
+
+@pytest.mark.parametrize("target", list(BUDGETS))
+def test_save_and_load_round_trip(plans, tmp_path, target):
+    plan = plans[target]
+    path = tmp_path / "sub" / "plan.json"
+    plan.save(str(path))
+    raw = json.loads(path.read_text())
+    assert raw["kind"] == PLAN_KIND and raw["format_version"] == PLAN_FORMAT_VERSION
+    again = load_plan(str(path))
+    assert again == plan
+    assert again.to_json() == plan.to_json()
+    assert type(again.layers[0]).__name__ == "LayerPlan"
+    assert again.fp8_scale(2, "V") == pytest.approx(max(plan.layers[2].absmax["V"]) / FP8_E4M3_MAX)
+    assert not [p for p in tmp_path.joinpath("sub").iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_larger_budget_never_predicts_more_damage(profile_dir, profile):
+    damages = [make_plan(profile_dir, "sensprof", Budget("avg_bits", b)).predicted["damage"] for b in (4, 6, 10, 16)]
+    assert all(a >= b for a, b in zip(damages, damages[1:])), damages
+    assert damages[0] > damages[1] > damages[2]
+    assert damages[-1] == 0.0  # 16 bits: nothing needs quantizing
+
+
+def test_objective_changes_the_recorded_damage(profile_dir, profile):
+    plan = make_plan(profile_dir, "sensprof", Budget("avg_bits", 6), objective="local")
+    assert plan.objective == "local"
+    t = profile.table
+    for p in plan.layers:
+        if p.k_scheme != "none":
+            row = t[(t.layer == p.layer) & (t.tensor == "K") & (t.scheme == p.k_scheme)]
+            assert p.k_damage == pytest.approx(float(row[OBJECTIVES["local"]].iloc[0]))
+
+
+def test_infeasible_plan_from_a_real_profile(profile_dir):
+    with pytest.raises(SensprofError, match="infeasible for target vllm.*--avg-bits 6"):
+        make_plan(profile_dir, "vllm", Budget("avg_bits", 3))  # int4_per_token_head is 6 bits at head_dim 16
+
+
+def test_describe_and_default_path(plans):
+    plan = plans["vllm"]
+    text = describe_plan(plan)
+    assert "target vllm" in text and f"kv_cache_dtype={plan.engine['kv_cache_dtype']}" in text
+    assert len(text.splitlines()) == 3 + len(plan.layers)
+    assert plan_path(plan) == "plans/tiny-gemma3-vllm-10bits.json"
+    assert plan_path(plans["llamacpp"]) == "plans/tiny-gemma3-llamacpp-0.4frac.json"
+
+
+# --------------------------------------------------------------------------- refused files
+
+
+def _write(tmp_path, obj, name="plan.json"):
+    path = tmp_path / name
+    path.write_text(obj if isinstance(obj, str) else json.dumps(obj))
+    return str(path)
+
+
+@pytest.fixture
+def plan_json(plans):
+    return plans["sensprof"].to_json()
+
+
+@pytest.mark.parametrize("version", [0, 2, "1", None])
+def test_other_format_version_is_refused(tmp_path, plan_json, version):
+    plan_json["format_version"] = version
+    with pytest.raises(SensprofError, match=r"plan format version .*this sensprof reads version 1.*sensprof plan"):
+        load_plan(_write(tmp_path, plan_json))
+
+
+def test_missing_format_version_is_refused(tmp_path, plan_json):
+    del plan_json["format_version"]
+    with pytest.raises(SensprofError, match="format version None"):
+        load_plan(_write(tmp_path, plan_json))
+
+
+@pytest.mark.parametrize("kind", ["sensprof-profile", None, ""])
+def test_wrong_kind_is_refused(tmp_path, plan_json, kind):
+    plan_json["kind"] = kind
+    with pytest.raises(SensprofError, match="is not a sensprof plan"):
+        load_plan(_write(tmp_path, plan_json))
+
+
+def test_profile_meta_is_not_a_plan(profile_dir):
+    with pytest.raises(SensprofError, match="is not a sensprof plan"):
+        load_plan(f"{profile_dir}/meta.json")
+
+
+@pytest.mark.parametrize("text", ["{not json", "", "[1, 2, 3]", "\"plan\"", "null"])
+def test_malformed_json_is_refused(tmp_path, text):
+    with pytest.raises(SensprofError) as e:
+        load_plan(_write(tmp_path, text))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda o: o.pop("layers"),
+    lambda o: o.pop("engine"),
+    lambda o: o["layers"][0].pop("k_scheme"),
+    lambda o: o["layers"][0].update(extra_field=1),
+    lambda o: o.update(layers=[1, 2]),
+    lambda o: o.update(layers=None),
+    lambda o: o.update(unexpected=True),
+])
+def test_malformed_plan_is_refused(tmp_path, plan_json, mutate):
+    mutate(plan_json)
+    with pytest.raises(SensprofError, match="malformed plan"):
+        load_plan(_write(tmp_path, plan_json))
+
+
+def test_missing_plan_file_is_refused(tmp_path):
+    with pytest.raises(SensprofError, match="does not exist"):
+        load_plan(str(tmp_path / "nope.json"))
+    with pytest.raises(SensprofError, match="does not exist"):
+        load_plan(str(tmp_path))  # a directory
+
+
+def test_plan_from_json_rejects_non_dict():
+    with pytest.raises(SensprofError, match="not a sensprof plan"):
+        Plan.from_json([1, 2])

@@ -1,0 +1,309 @@
+"""Whole-plan validation: every layer quantized at once, on windows the profile never saw, beside uniform
+reference configurations; end to end through `sensprof profile / plan / validate` on a local tiny model."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import VOCAB, make_tiny_model
+from sensprof.api import select_windows
+from sensprof.cli import main
+from sensprof.commands import validation_windows
+from sensprof.data import bos_prefix, builtin_corpus, tokenize
+from sensprof.errors import SensprofError
+from sensprof.models import describe_layers
+from sensprof.plan import LayerPlan, load_plan
+from sensprof.profile import run_profile
+from sensprof.schemes import parse_schemes
+from sensprof.validate import UNIFORM, layer_choices, measure, predicted_damage, reference_configs, validation_table
+
+NONE2 = ("none", "none")
+PROFILE_SCHEMES = "fp8_e4m3,int8_per_token_head,int4_per_token_head,int2_c32,int2_t32"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run far faster on one thread, above all on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def run_cli(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_error_line(rc, out, err) -> str:
+    assert rc == 2, (rc, out, err)
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("sensprof: error: "), err
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- measure() on a tiny model
+
+
+@pytest.fixture(scope="module")
+def llama():
+    model = make_tiny_model("llama")
+    ids = torch.randint(3, VOCAB, (2, 64), generator=torch.Generator().manual_seed(0))
+    prof = run_profile(model, ids, parse_schemes("int8_per_token_head,int2_t32,fp8_e4m3_cal"), progress=False)
+    return model, ids, prof
+
+
+def config(model, prof, pairs) -> list[LayerPlan]:
+    infos = describe_layers(model)
+    if isinstance(pairs, tuple):
+        pairs = [pairs] * len(infos)
+    return [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, k, v, 0.0, 0.0,
+                      prof.calibration[str(i.index)]) for i, (k, v) in zip(infos, pairs)]
+
+
+def test_unquantized_config_measures_zero(llama):
+    model, ids, prof = llama
+    m = measure(model, ids, {"none": config(model, prof, NONE2)})["none"]
+    assert m["kl"] <= 1e-12
+    assert abs(m["dnll"]) <= 1e-9 and abs(m["dppl"]) <= 1e-6
+    assert m["base_ppl"] > 1
+
+
+def test_quantized_configs_measure_positive_and_in_order(llama):
+    model, ids, prof = llama
+    res = measure(model, ids, {
+        "int8": config(model, prof, ("int8_per_token_head", "int8_per_token_head")),
+        "int2": config(model, prof, ("int2_c32", "int2_t32")),
+        "int2 V on layer 0": config(model, prof, [("none", "int2_t32"), NONE2, NONE2]),
+    })
+    assert res["int8"]["kl"] > 0
+    assert res["int2"]["kl"] > 10 * res["int8"]["kl"]
+    assert res["int2"]["kl"] > res["int2 V on layer 0"]["kl"] > 0
+    for m in res.values():
+        assert set(m) >= {"kl", "kl_std", "dnll", "dppl", "base_ppl"}
+        assert all(math.isfinite(v) for v in m.values())
+        assert m["dppl"] == pytest.approx(m["base_ppl"] * (math.exp(m["dnll"]) - 1), rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("layer,tensor,scheme", [(1, "V", "int2_t32"), (0, "K", "int8_per_token_head"),
+                                                 (2, "V", "fp8_e4m3_cal")])
+def test_one_cell_config_measures_what_the_profile_measured(llama, layer, tensor, scheme):
+    """The profiler replays from the quantized layer; validate runs whole forwards: the same number."""
+    model, ids, prof = llama
+    pairs = [NONE2] * 3
+    pairs[layer] = (scheme, "none") if tensor == "K" else ("none", scheme)
+    got = measure(model, ids, {"cell": config(model, prof, pairs)})["cell"]["kl"]
+    t = prof.table
+    want = float(t[(t.layer == layer) & (t.tensor == tensor) & (t.scheme == scheme)].kl.iloc[0])
+    assert got == pytest.approx(want, rel=1e-3)
+
+
+def test_calibrated_scheme_uses_the_layers_absmax(llama):
+    model, ids, prof = llama
+    pairs = [("fp8_e4m3_cal", "fp8_e4m3_cal")] * 3
+    good = config(model, prof, pairs)
+    bad = [LayerPlan(**{**p.__dict__, "absmax": {k: [x * 0.01 for x in v] for k, v in p.absmax.items()}})
+           for p in good]
+    res = measure(model, ids, {"good": good, "bad scales": bad})
+    assert res["bad scales"]["kl"] > 10 * res["good"]["kl"]  # 1% of the absmax: most values saturate
+
+
+def test_measure_leaves_the_model_unchanged(llama):
+    model, ids, prof = llama
+    with torch.inference_mode():
+        before = model(input_ids=ids, use_cache=False).logits
+    measure(model, ids, {"int2": config(model, prof, ("int2_c32", "int2_t32"))})
+    with torch.inference_mode():
+        after = model(input_ids=ids, use_cache=False).logits
+    assert torch.equal(before, after)
+
+
+def test_config_with_wrong_layer_count_is_refused(llama):
+    model, ids, prof = llama
+    with pytest.raises(SensprofError, match="has 2 layers, the model 3"):
+        measure(model, ids, {"short": config(model, prof, NONE2)[:2]})
+
+
+# --------------------------------------------------------------------------- end to end through the CLI
+
+
+@pytest.fixture(scope="module")
+def cli_run(tiny_model_dir, tmp_path_factory, one_thread):
+    root = tmp_path_factory.mktemp("validate")
+    prof = root / "profile"
+    assert main(["profile", "--model", tiny_model_dir, "--seq-len", "32", "--windows", "2", "--schemes",
+                 PROFILE_SCHEMES, "--out", str(prof), "--device", "cpu", "--quiet"]) == 0
+    plan = root / "plan.json"
+    assert main(["plan", str(prof), "--target", "sensprof", "--avg-bits", "6", "--out", str(plan)]) == 0
+    vplan = root / "vllm.json"
+    # head_dim 16: int4_per_token_head is 6 bits; one layer at 16 bits -> 28/3 <= 10; fp8/int8 cannot skip one
+    assert main(["plan", str(prof), "--target", "vllm", "--avg-bits", "10", "--num-skip", "1",
+                 "--out", str(vplan)]) == 0
+    return types.SimpleNamespace(root=root, profile=str(prof), plan=str(plan), vplan=str(vplan))
+
+
+def test_validate_cli_writes_the_table(cli_run, capsys):
+    rc, out, err = run_cli(capsys, "validate", cli_run.plan, "--device", "cpu")
+    assert rc == 0, err
+    csv = cli_run.plan[:-len(".json")] + ".validation.csv"
+    assert f"wrote {csv}" in out
+    df = pd.read_csv(csv)
+    assert list(df.columns) == ["config", "avg_bits", "bytes_per_token", "vs_bf16", "memory_vs_plan", "predicted_kl",
+                                "measured_kl", "kl_std", "dnll", "dppl", "measured_over_predicted"]
+    plan = load_plan(cli_run.plan)
+    row = df[df.config == "plan"].iloc[0]
+    assert row.memory_vs_plan == "plan"
+    assert row.avg_bits == pytest.approx(plan.predicted["avg_bits"])
+    assert row.avg_bits <= 6 + 1e-9
+    assert row.predicted_kl == pytest.approx(plan.predicted["damage"], rel=1e-9)
+    assert row.measured_kl > 0 and math.isfinite(row.measured_kl)
+    assert row.measured_over_predicted == pytest.approx(row.measured_kl / row.predicted_kl)
+    refs = set(df.config) - {"plan"}
+    assert "uniform KIVI-4 (int4_c32 / int4_t32)" in refs and "uniform fp8_e4m3" in refs
+    kivi4 = df[df.config == "uniform KIVI-4 (int4_c32 / int4_t32)"].iloc[0]
+    assert math.isnan(kivi4.predicted_kl)  # int4_c32 / int4_t32 were not profiled
+    assert kivi4.measured_kl > 0
+    for r in df[df.config != "plan"].itertuples():
+        assert r.memory_vs_plan == (">=" if r.avg_bits >= row.avg_bits - 1e-9 else "<")
+    kivi2 = df[df.config == "uniform KIVI-2 (int2_c32 / int2_t32)"].iloc[0]
+    int8 = df[df.config == "uniform int8_per_token_head"].iloc[0]
+    assert kivi2.measured_kl > int8.measured_kl
+    assert kivi2.predicted_kl > 0 and math.isfinite(kivi2.predicted_kl)
+
+
+def test_validate_cli_vllm_plan_has_the_skip_heuristic(cli_run, capsys, tmp_path):
+    out_csv = tmp_path / "v.csv"
+    rc, out, err = run_cli(capsys, "validate", cli_run.vplan, "--device", "cpu", "--out", out_csv)
+    assert rc == 0, err
+    df = pd.read_csv(out_csv)
+    assert "vllm int4_per_token_head, skip first 1 layers (heuristic)" in set(df.config)
+    assert "plan" in set(df.config)
+
+
+def test_validation_windows_are_not_the_profiled_ones(cli_run, tiny_tokenizer):
+    plan = load_plan(cli_run.plan)
+    profiled, _, _, slots = select_windows(tiny_tokenizer, None, 32, 2, 0)
+    assert plan.profile["window_slots"] == slots
+    assert plan.profile["settings"]["seq_len"] == 32 and plan.profile["settings"]["windows"] == 2
+    ids = validation_windows(plan, tiny_tokenizer, None, None)
+    assert tuple(ids.shape) == (2, 32)
+    seen = {tuple(r) for r in profiled.tolist()}
+    assert not seen & {tuple(r) for r in ids.tolist()}
+    more = validation_windows(plan, tiny_tokenizer, 5, None)
+    assert tuple(more.shape) == (5, 32)
+    assert not seen & {tuple(r) for r in more.tolist()}
+
+
+def test_validation_windows_take_exactly_the_free_slots(tmp_path, tiny_tokenizer):
+    """A text with few slots: the profiled ones are excluded, so validation gets exactly the rest."""
+    seq = 16
+    body = seq - len(bos_prefix(tiny_tokenizer))
+    text = builtin_corpus()[:3000]
+    tokens = tokenize(tiny_tokenizer, text)
+    n_slots = len(tokens) // body
+    assert n_slots >= 5
+    path = tmp_path / "text.txt"
+    path.write_text(text)
+    profiled, _, _, slots = select_windows(tiny_tokenizer, [str(path)], seq, n_slots - 2, seed=0)
+    plan = types.SimpleNamespace(profile={"settings": {"seq_len": seq, "windows": n_slots - 2, "seed": 0},
+                                          "window_slots": slots, "text_files": [str(path)]})
+    ids = validation_windows(plan, tiny_tokenizer, 2, None)
+    free = sorted(set(range(n_slots)) - set(slots))
+    prefix = bos_prefix(tiny_tokenizer)
+    assert ids.tolist() == [prefix + tokens[s * body:(s + 1) * body] for s in free]
+    with pytest.raises(SensprofError, match="2 free windows"):
+        validation_windows(plan, tiny_tokenizer, 3, None)
+    # another --seq-len has other slot boundaries: nothing can be excluded by slot, so any windows may be used
+    assert tuple(validation_windows(plan, tiny_tokenizer, 3, seq + 4).shape) == (3, seq + 4)
+
+
+def test_validate_refuses_another_model(cli_run, tmp_path, tiny_tokenizer, capsys):
+    other = tmp_path / "other"
+    make_tiny_model("llama", seed=1).save_pretrained(other)
+    tiny_tokenizer.save_pretrained(other)
+    rc, out, err = run_cli(capsys, "validate", cli_run.plan, "--model", other, "--device", "cpu")
+    line = one_error_line(rc, out, err)
+    assert "fingerprint" in line and "--model" in line
+    assert load_plan(cli_run.plan).model_fingerprint in line
+
+
+def test_validate_refuses_a_bad_plan_file(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"kind": "sensprof-plan", "format_version": 99}')
+    line = one_error_line(*run_cli(capsys, "validate", bad, "--device", "cpu"))
+    assert "format version 99" in line
+
+
+# --------------------------------------------------------------------------- reference configurations
+
+
+def test_reference_configs_of_a_sensprof_plan(cli_run):
+    plan = load_plan(cli_run.plan)
+    refs = reference_configs(plan)
+    n = len(plan.layers)
+    kivi4 = refs["uniform KIVI-4 (int4_c32 / int4_t32)"]
+    assert [(p.k_scheme, p.v_scheme) for p in kivi4] == [("int4_c32", "int4_t32")] * n
+    assert [(p.k_scheme, p.v_scheme) for p in refs["uniform fp8_e4m3"]] == [("fp8_e4m3", "fp8_e4m3")] * n
+    assert set(UNIFORM) <= set(refs)
+    assert not any(name.startswith(("vllm", "sglang", "llama.cpp")) for name in refs)
+    # each config keeps the plan's layer facts and calibration
+    assert all(p.absmax == q.absmax and p.layer == q.layer for p, q in zip(kivi4, plan.layers))
+
+
+def test_reference_configs_of_a_vllm_plan_with_skipped_layers(cli_run):
+    plan = load_plan(cli_run.vplan)
+    assert plan.engine["kv_cache_dtype"] == "int4_per_token_head"
+    assert len(plan.engine["skip_layers"]) == 1
+    refs = reference_configs(plan)
+    heuristic = refs["vllm int4_per_token_head, skip first 1 layers (heuristic)"]
+    assert [(p.k_scheme, p.v_scheme) for p in heuristic] == [NONE2] + [("int4_per_token_head",) * 2] * 2
+    assert "vllm int4_per_token_head (int4_per_token_head), all layers" in refs
+    # fp8_e4m3 (vLLM's flag) equals "uniform fp8_e4m3": shown once only
+    choices = [tuple((p.k_scheme, p.v_scheme) for p in layers) for layers in refs.values()]
+    assert len(choices) == len(set(choices))
+
+
+def test_skip_heuristic_with_two_skipped_layers(cli_run):
+    import dataclasses
+
+    plan = load_plan(cli_run.vplan)
+    s = plan.engine["scheme"]
+    layers = layer_choices(plan, [NONE2, (s, s), NONE2])
+    plan = dataclasses.replace(plan, layers=layers, engine={**plan.engine, "skip_layers": [0, 2]})
+    refs = reference_configs(plan)
+    heuristic = refs[f"vllm {plan.engine['kv_cache_dtype']}, skip first 2 layers (heuristic)"]
+    assert [(p.k_scheme, p.v_scheme) for p in heuristic] == [NONE2, NONE2, (s, s)]
+
+
+def test_reference_configs_of_a_llamacpp_plan(cli_run):
+    import dataclasses
+
+    plan = dataclasses.replace(load_plan(cli_run.plan), target="llamacpp",
+                               engine={"cache_type_k": "q8_0", "cache_type_v": "q4_0"})
+    refs = reference_configs(plan)
+    assert [(p.k_scheme, p.v_scheme) for p in refs["llama.cpp -ctk q4_0 -ctv q4_0"]] == [("q4_0", "q4_0")] * 3
+    assert "llama.cpp -ctk f16 -ctv f16" not in refs
+
+
+def test_validation_table_predictions(cli_run):
+    from sensprof.table import load_profile
+
+    plan = load_plan(cli_run.plan)
+    table = load_profile(cli_run.profile).table
+    assert predicted_damage(table, plan.layers) == pytest.approx(plan.predicted["damage"], rel=1e-9)
+    assert math.isnan(predicted_damage(table, layer_choices(plan, ("int4_c32", "int4_t32"))))
+    assert math.isnan(predicted_damage(None, plan.layers))
+    assert predicted_damage(table, layer_choices(plan, NONE2)) == 0.0
+    configs = {"plan": plan.layers, "all none": layer_choices(plan, NONE2)}
+    fake = {name: {"kl": 0.5, "kl_std": 0.0, "dnll": 0.1, "dppl": 0.2} for name in configs}
+    df = validation_table(plan, fake, configs, table)
+    row = df.set_index("config").loc["all none"]
+    assert row.avg_bits == 16 and row.vs_bf16 == 1.0 and row.memory_vs_plan == ">="
+    assert row.predicted_kl == 0.0 and math.isnan(row.measured_over_predicted)
