@@ -107,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--write-checkpoint", default=None, metavar="DIR",
                     help="vllm: write the model with calibrated per-layer k_scale/v_scale (compressed-tensors)")
 
+    ge = sub.add_parser("generate", help="generate text through the planned quantized cache (reference runtime)")
+    ge.add_argument("--plan", required=True, help="plan JSON written by `sensprof plan` (target sensprof or any)")
+    ge.add_argument("--model", default=None, help="model (default: the plan's model)")
+    ge.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
+    ge.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    ge.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    ge.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    ge.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    ge.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+
     s = sub.add_parser("summary", help="print the summary table of a profile directory")
     s.add_argument("dir", help="profile directory")
 
@@ -222,7 +232,14 @@ def cmd_export(args) -> int:
     return 0
 
 
-COMMANDS = {"profile": cmd_profile, "merge": cmd_merge, "summary": cmd_summary, "schemes": cmd_schemes,
+def cmd_generate(args) -> int:
+    from .commands import run_generate
+
+    print(run_generate(args))
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "profile": cmd_profile, "merge": cmd_merge, "summary": cmd_summary, "schemes": cmd_schemes,
             "plan": cmd_plan, "sweep": cmd_sweep, "validate": cmd_validate, "export": cmd_export}
 
 

@@ -188,6 +188,9 @@ def run_export(args) -> str:
         from .export.vllm import vllm_argv
 
         argv = vllm_argv(plan, model_path, args.vllm_version)
+        if model_path.endswith(".gguf"):
+            lines.append("# vLLM reads GGUF weights but needs the original tokenizer: add --tokenizer <hub id>, "
+                         "e.g. HuggingFaceTB/SmolLM2-135M-Instruct for smollm2-135m")
         if plan.engine.get("needs_scales") and not args.write_checkpoint:
             lines.append("# this plan was measured with calibrated scales: add --write-checkpoint DIR to get them "
                          "into vLLM (without them vLLM uses scale 1.0)")
@@ -205,3 +208,18 @@ def run_export(args) -> str:
 
         argv = llamacpp_argv(plan, model_path)
     return "\n".join([command_line(argv), *memory_comments(plan, args.gpu_mem_gib), *lines])
+
+
+def run_generate(args) -> str:
+    from .runtime.generate import generate_with_plan
+
+    if args.max_new_tokens < 1:
+        raise SensprofError("--max-new-tokens must be at least 1")
+    plan = load_plan(args.plan)
+    loaded = _load_for_plan(plan, args.model, args.device, args.dtype)
+    r = generate_with_plan(loaded.model, loaded.tokenizer, plan, args.prompt, args.max_new_tokens, args.sample,
+                           args.seed)
+    lines = [f"--- {i}: {t}" for i, t in enumerate(r["texts"])]
+    lines.append(f"# cache: {r['cache_bytes']:,} bytes for {r['cache_tokens']} tokens x {len(args.prompt)} sequences; "
+                 f"{r['tokens']} new tokens in {r['seconds']:.2f} s ({r['tokens_per_s']:.1f} tokens/s, reference path)")
+    return "\n".join(lines)

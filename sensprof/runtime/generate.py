@@ -1,0 +1,34 @@
+"""Try a plan: generate text through the planned cache and report its bytes and speed."""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import torch
+
+
+def cache_kwarg(model) -> str:
+    """transformers 5.24 renamed the cache argument `past_key_values` to `cache`; support both."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+@torch.inference_mode()
+def generate_with_plan(model, tokenizer, plan, prompts: list[str], max_new_tokens: int = 64, do_sample: bool = False,
+                       seed: int = 0) -> dict:
+    from .cache import PlannedCache
+
+    cache = PlannedCache.from_plan(plan, model)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    enc = tokenizer(prompts, return_tensors="pt", padding=True).to(model.get_input_embeddings().weight.device)
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                         pad_token_id=tokenizer.pad_token_id, **{cache_kwarg(model): cache})
+    elapsed = time.perf_counter() - t0
+    new = out[:, enc["input_ids"].shape[1]:]
+    return {"texts": tokenizer.batch_decode(new, skip_special_tokens=True), "ids": new, "tokens": int(new.numel()),
+            "seconds": elapsed, "tokens_per_s": new.numel() / elapsed, "cache_bytes": cache.nbytes(),
+            "cache_tokens": cache.get_seq_length()}
