@@ -4,3 +4,5 @@ __version__ = "0.1.0"
 
 from .errors import SensprofError  # noqa: E402
 from .schemes import QuantScheme, get_scheme  # noqa: E402
+
+__all__ = ["SensprofError", "QuantScheme", "get_scheme", "__version__"]

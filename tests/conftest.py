@@ -8,6 +8,37 @@ import torch
 VOCAB = 320
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(request):
+    """Tiny tensors: one intra-op thread is faster (no spinning on a busy 2-core box) and deterministic.
+    The real-model module keeps torch's default."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def run_cli(capsys, *argv):
+    """sensprof's CLI in-process: (exit code, stdout, stderr)."""
+    from sensprof.cli import main
+
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_error_line(rc, out, err) -> str:
+    """Bad input: exit code 2, no traceback, exactly one `sensprof: error:` line."""
+    assert rc == 2, (rc, out, err)
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("sensprof: error: "), err
+    return lines[0]
+
+
 def _common(**kw):
     base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)

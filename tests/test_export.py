@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from conftest import make_tiny_model
+from conftest import make_tiny_model, one_error_line, run_cli
 from sensprof.cli import main
 from sensprof.errors import SensprofError
 from sensprof.export import FORMATS, check_format, command_line, memory_comments
@@ -27,15 +27,6 @@ GIB = 2**30
 MODEL = "/models/my tiny model"  # a space: the command line must quote it
 GEMMA_KINDS = [("sliding", 8), ("sliding", 8), ("full", None)]  # the tiny gemma3's layers
 LLAMA_KINDS = [("full", None)] * 3
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run far faster on one thread, above all on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -81,20 +72,6 @@ def save(plan: Plan, tmp_path, name="plan.json") -> str:
     path = str(tmp_path / name)
     plan.save(path)
     return path
-
-
-def run_cli(capsys, *argv):
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_error_line(rc, out, err) -> str:
-    assert rc == 2, (rc, out, err)
-    assert "Traceback" not in err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("sensprof: error: "), err
-    return lines[0]
 
 
 # --------------------------------------------------------------------------- vLLM command lines
@@ -329,7 +306,7 @@ def test_llamacpp_command(tmp_path, capsys, k, v, fa):
 
 
 @pytest.fixture(scope="module")
-def fp8_plan(tiny_model_dir, tmp_path_factory, one_thread):
+def fp8_plan(tiny_model_dir, tmp_path_factory, _one_thread):
     """A vllm plan of the tiny Llama from a profile holding only fp8_e4m3_cal: at 12 bits/element (three
     layers, fp8 = 8 bits) exactly one layer is kept at 16 bits."""
     root = tmp_path_factory.mktemp("export")

@@ -12,15 +12,6 @@ from sensprof.models import decoder_layers
 from sensprof.taps import StatsTap
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is faster (no spinning on a busy 2-core box) and deterministic."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _rope_tables(t, rd, seed=0, base=10000.0):
     """cos/sin [1, T, rd] laid out as transformers builds them (two copies of the frequencies)."""
     inv = 1.0 / (base ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))

@@ -25,17 +25,8 @@ SCHEMES = ("fp8_e4m3,fp8_e4m3_cal,int8_per_token_head,int4_per_token_head,q8_0,q
 HEAD_DIM = 16  # tiny gemma3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run far faster on one thread, above all on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
-def profile_dir(tmp_path_factory, one_thread):
+def profile_dir(tmp_path_factory, _one_thread):
     """A complete profile of the tiny gemma3 (layers 0, 1 sliding, 2 full) on fixed random windows."""
     out = tmp_path_factory.mktemp("plan-profile") / "prof"
     model = make_tiny_model("gemma3")

@@ -24,14 +24,6 @@ EXPECTED_KINDS = {"llama": ["full"] * 3, "mistral": ["sliding"] * 3, "qwen2": ["
 METRICS = ["kl", "kl_std", "dnll", "attn_kl", "out_rel_l2"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _ids():
     """The same windows as conftest's tiny_ids (module-scoped fixtures cannot use that one)."""
     return torch.randint(3, VOCAB, (2, 64), generator=torch.Generator().manual_seed(0))

@@ -13,15 +13,6 @@ QUANTIZED = [n for n, s in REGISTRY.items() if not s.is_identity]
 F32 = np.float32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The tensors here are small: intra-op threads only add overhead (a lot of it on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def randn(*shape, seed=0, dtype=torch.float32, scale=1.0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=g) * scale).to(dtype)

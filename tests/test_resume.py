@@ -24,14 +24,6 @@ SCHEMES = "int4_c32,int2_t32,int4_t32_r16,int2_c32_pre"
 TABLES = ("profile.csv", "heads.csv", "stats.csv", "calibration.json")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _ids(seq_len=64):
     return torch.randint(3, VOCAB, (2, 64), generator=torch.Generator().manual_seed(0))[:, :seq_len]
 

@@ -18,14 +18,6 @@ from sensprof.schemes import get_scheme
 from sensprof.taps import QuantTap, StatsTap
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("bits", range(2, 9))
 def test_bitplanes_round_trip_exactly_and_cost_b_bits(bits):
     g = torch.Generator().manual_seed(bits)

@@ -15,14 +15,6 @@ from sensprof.schemes import get_scheme
 from sensprof.taps import full_precision_from, mixed_attention
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # ---------------------------------------------------------------- full_precision_from
 
 

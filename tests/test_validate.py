@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import VOCAB, make_tiny_model
+from conftest import VOCAB, make_tiny_model, one_error_line, run_cli
 from sensprof.api import select_windows
 from sensprof.cli import main
 from sensprof.commands import validation_windows
@@ -24,29 +24,6 @@ from sensprof.validate import UNIFORM, layer_choices, measure, predicted_damage,
 
 NONE2 = ("none", "none")
 PROFILE_SCHEMES = "fp8_e4m3,int8_per_token_head,int4_per_token_head,int2_c32,int2_t32"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run far faster on one thread, above all on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def run_cli(capsys, *argv):
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_error_line(rc, out, err) -> str:
-    assert rc == 2, (rc, out, err)
-    assert "Traceback" not in err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("sensprof: error: "), err
-    return lines[0]
 
 
 # --------------------------------------------------------------------------- measure() on a tiny model
@@ -135,7 +112,7 @@ def test_config_with_wrong_layer_count_is_refused(llama):
 
 
 @pytest.fixture(scope="module")
-def cli_run(tiny_model_dir, tmp_path_factory, one_thread):
+def cli_run(tiny_model_dir, tmp_path_factory, _one_thread):
     root = tmp_path_factory.mktemp("validate")
     prof = root / "profile"
     assert main(["profile", "--model", tiny_model_dir, "--seq-len", "32", "--windows", "2", "--schemes",
