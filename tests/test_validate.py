@@ -4,6 +4,7 @@ reference configurations; end to end through `sensprof profile / plan / validate
 from __future__ import annotations
 
 import math
+import os
 import types
 
 import pandas as pd
@@ -284,3 +285,27 @@ def test_validation_table_predictions(cli_run):
     row = df.set_index("config").loc["all none"]
     assert row.avg_bits == 16 and row.vs_bf16 == 1.0 and row.memory_vs_plan == ">="
     assert row.predicted_kl == 0.0 and math.isnan(row.measured_over_predicted)
+
+
+def test_sweep_writes_the_frontier_and_validates_each_plan(cli_run, capsys, tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "sweep"
+    capsys.readouterr()
+    assert main(["sweep", cli_run.profile, "--target", "sensprof", "--avg-bits", "2,4,6,16", "--validate",
+                 "--device", "cpu", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "--avg-bits 2: infeasible" in printed  # the cheapest profiled scheme costs 3 bits here
+    df = pd.read_csv(out / "sweep.csv")
+    assert list(df.budget_avg_bits) == [4.0, 6.0, 16.0]
+    assert (df.avg_bits <= df.budget_avg_bits + 1e-9).all()
+    assert df.predicted_damage.is_monotonic_decreasing and df.predicted_damage.iloc[-1] == 0.0
+    assert df.frontier.all()
+    assert (df.measured_kl.iloc[:-1] > 0).all() and df.measured_kl.iloc[-1] == pytest.approx(0.0, abs=1e-9)
+    for path in df.plan:
+        assert os.path.isfile(path)
+
+
+def test_sweep_refuses_a_malformed_budget_list(cli_run, capsys):
+    line = one_error_line(*run_cli(capsys, "sweep", cli_run.profile, "--avg-bits", "4,lots"))
+    assert "--avg-bits" in line and "comma-separated" in line
