@@ -148,7 +148,7 @@ def run_sweep(args) -> None:
             dppl.append(m["dppl"])
         df = df.assign(measured_kl=measured_kl, dppl=dppl)
     atomic_write_text(os.path.join(out, "sweep.csv"), df.to_csv(index=False))
-    with __import__("pandas").option_context("display.width", 200, "display.max_colwidth", 60):
+    with pd.option_context("display.width", 200, "display.max_colwidth", 60):
         print(df.drop(columns=["plan"]).to_string(index=False))
     print(f"wrote {out}/sweep.csv and {len(rows)} plans")
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from .errors import SensprofError
 from .memory import MODEL_BITS, bits_per_element
 from .schemes import get_scheme
-from .table import atomic_write_text, read_json
+from .table import atomic_write_text, check_artifact, read_json
 
 PLAN_FORMAT_VERSION = 1
 PLAN_KIND = "sensprof-plan"
@@ -55,12 +55,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, obj: dict, path: str = "plan") -> Plan:
-        if not isinstance(obj, dict) or obj.get("kind") != PLAN_KIND:
-            raise SensprofError(f"{path!r} is not a sensprof plan; pass a file written by `sensprof plan`")
-        if obj.get("format_version") != PLAN_FORMAT_VERSION:
-            raise SensprofError(
-                f"{path!r} has plan format version {obj.get('format_version')!r}; this sensprof reads version "
-                f"{PLAN_FORMAT_VERSION}: re-run `sensprof plan`")
+        check_artifact(obj, PLAN_KIND, PLAN_FORMAT_VERSION, path, "plan", "plan")
         try:
             data = dict(obj)
             data["layers"] = [LayerPlan(**layer) for layer in obj["layers"]]

@@ -7,6 +7,7 @@ model from that layer on (the layers before it would compute the baseline again)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import time
@@ -114,7 +115,7 @@ def profile_layer(model, session, layer, info, input_ids, baseline, layer_output
             session.set_tap(layer, tap)
             try:
                 ids = input_ids.repeat(len(chunk), 1)
-                ctx = replay_from(model, layer, layer_outputs, repeat=len(chunk)) if replay else _null()
+                ctx = replay_from(model, layer, layer_outputs, repeat=len(chunk)) if replay else contextlib.nullcontext()
                 with ctx:
                     logits = model(input_ids=ids, use_cache=False).logits
             finally:
@@ -131,14 +132,6 @@ def profile_layer(model, session, layer, info, input_ids, baseline, layer_output
                 if on_cell:
                     on_cell()
     return {"layer": layer, "rows": rows, "heads": heads}
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 @torch.inference_mode()

@@ -86,7 +86,7 @@ def dequantize_groups(q: Quantized, scheme: QuantScheme) -> torch.Tensor:
     return q.codes * q.scale + q.zero
 
 
-def _group_last(x: torch.Tensor, g: int) -> torch.Tensor:
+def group_last(x: torch.Tensor, g: int) -> torch.Tensor:
     """[..., n] -> [..., ceil(n/g), g]; a short last group is padded by repeating its last
     element, which changes none of min, max, absmax or the largest-magnitude value."""
     n = x.shape[-1]
@@ -96,7 +96,7 @@ def _group_last(x: torch.Tensor, g: int) -> torch.Tensor:
     return x.reshape(*x.shape[:-1], -1, g)
 
 
-def _ungroup_last(xg: torch.Tensor, n: int) -> torch.Tensor:
+def ungroup_last(xg: torch.Tensor, n: int) -> torch.Tensor:
     return xg.reshape(*xg.shape[:-2], -1)[..., :n]
 
 
@@ -117,11 +117,11 @@ def fake_quant(x: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor | None
     bsz, heads, t, d = body.shape
     if scheme.granularity == "token":
         g = min(scheme.group or d, d)
-        deq = _ungroup_last(dequantize_groups(quantize_groups(_group_last(body, g), scheme), scheme), d)
+        deq = ungroup_last(dequantize_groups(quantize_groups(group_last(body, g), scheme), scheme), d)
     elif scheme.granularity == "channel":
         bt = body.transpose(-1, -2)
-        deq = dequantize_groups(quantize_groups(_group_last(bt, scheme.group), scheme), scheme)
-        deq = _ungroup_last(deq, t).transpose(-1, -2)
+        deq = dequantize_groups(quantize_groups(group_last(bt, scheme.group), scheme), scheme)
+        deq = ungroup_last(deq, t).transpose(-1, -2)
     else:
         if absmax is not None:
             a = absmax.float().to(x.device)

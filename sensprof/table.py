@@ -91,14 +91,20 @@ def check_out_dir(out_dir: str, settings: dict) -> dict | None:
     return meta
 
 
+def check_artifact(obj, kind: str, version: int, where: str, what: str, command: str) -> None:
+    """Refuse an artifact of another kind or format version (the habit of versioned configs)."""
+    if not isinstance(obj, dict) or obj.get("kind") != kind:
+        raise SensprofError(f"{where!r} is not a sensprof {what} (it is of another kind); pass one written by "
+                            f"`sensprof {command}`")
+    if obj.get("format_version") != version:
+        raise SensprofError(
+            f"{where!r} holds a {what} format version {obj.get('format_version')!r}; this sensprof reads version "
+            f"{version}: re-run `sensprof {command}`")
+
+
 def load_meta(out_dir: str) -> dict:
     meta = read_json(os.path.join(out_dir, META), "profile metadata")
-    if not isinstance(meta, dict) or meta.get("kind") != KIND:
-        raise SensprofError(f"{out_dir!r} does not hold a sensprof profile (meta.json is of another kind)")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise SensprofError(
-            f"{out_dir!r} holds a profile of format version {meta.get('format_version')!r}; this sensprof reads "
-            f"version {FORMAT_VERSION}: re-run `sensprof profile` with this version")
+    check_artifact(meta, KIND, FORMAT_VERSION, out_dir, "profile", "profile")
     return meta
 
 

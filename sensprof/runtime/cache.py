@@ -23,8 +23,9 @@ class PlannedLayer(DynamicLayer):
     def __init__(self, k_scheme: str, v_scheme: str, absmax: dict | None = None, sliding_window: int | None = None):
         super().__init__()
         absmax = absmax or {}
-        self.k_store = TensorStore(get_scheme(k_scheme), _absmax(absmax.get("K")))
-        self.v_store = TensorStore(get_scheme(v_scheme), _absmax(absmax.get("V")))
+        sliding = sliding_window is not None
+        self.k_store = TensorStore(get_scheme(k_scheme), _absmax(absmax.get("K")), sliding)
+        self.v_store = TensorStore(get_scheme(v_scheme), _absmax(absmax.get("V")), sliding)
         self.sliding_window = sliding_window
         self.is_sliding = sliding_window is not None
 

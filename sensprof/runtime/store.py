@@ -11,7 +11,7 @@ import torch
 
 from ..errors import SensprofError
 from ..memory import CONSTANT_SCALE_BITS, quantized_token_count
-from ..quant import Quantized, _group_last, _ungroup_last, dequantize_groups, quantize_groups
+from ..quant import Quantized, group_last, ungroup_last, dequantize_groups, quantize_groups
 from ..schemes import QuantScheme
 from .kernels import pack_bitplanes, unpack_bitplanes
 
@@ -26,8 +26,9 @@ def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
 
 
 class TensorStore:
-    def __init__(self, scheme: QuantScheme, absmax: torch.Tensor | None = None):
+    def __init__(self, scheme: QuantScheme, absmax: torch.Tensor | None = None, sliding: bool = False):
         self.scheme = scheme
+        self.sliding = sliding
         self.absmax = absmax
         if scheme.scale_source == "calibrated" and absmax is None:
             raise SensprofError(f"scheme {scheme.name} needs calibrated scales; the plan carries none for this layer")
@@ -63,9 +64,9 @@ class TensorStore:
         yf = y.float()
         if s.granularity == "token":
             d = yf.shape[-1]
-            q = quantize_groups(_group_last(yf, min(s.group or d, d)), s)
+            q = quantize_groups(group_last(yf, min(s.group or d, d)), s)
         elif s.granularity == "channel":
-            q = quantize_groups(_group_last(yf.transpose(-1, -2), s.group), s)
+            q = quantize_groups(group_last(yf.transpose(-1, -2), s.group), s)
         else:
             a = self.absmax
             if a is not None:
@@ -77,6 +78,24 @@ class TensorStore:
         self.chunks.append(self._pack(q, y.shape))
         self.chunk_tokens.append(y.shape[-2])
         self.flushed += y.shape[-2]
+        if len(self.chunks) > 1 and not self.sliding:
+            self._merge()
+
+    def _merge(self) -> None:
+        """One packed chunk instead of one per decode step: reading then unpacks one tensor, not thousands.
+        (Sliding windows keep chunks apart so the oldest can be evicted whole.)"""
+        s = self.scheme
+        code_dim = 2 if s.codec == "fp8" else 3  # float8 [B, H, T, ...]; bit-planes [bits, B, H, T, D/8]
+        scale_dim = {"token": 2, "channel": 3}.get(s.granularity)  # per-group parameters grow with tokens
+        cat = (lambda ts, dim: torch.cat(ts, dim=dim))
+        codes = cat([q.codes for q in self.chunks], code_dim)
+        if scale_dim is None:
+            scale, zero = self.chunks[0].scale, self.chunks[0].zero
+        else:
+            scale = cat([q.scale for q in self.chunks], scale_dim)
+            zero = None if self.chunks[0].zero is None else cat([q.zero for q in self.chunks], scale_dim)
+        self.chunks = [Quantized(codes, scale, zero)]
+        self.chunk_tokens = [sum(self.chunk_tokens)]
 
     def _pack(self, q: Quantized, shape) -> Quantized:
         s = self.scheme
@@ -85,7 +104,7 @@ class TensorStore:
         offset = 2 ** (s.bits - 1) - 1 if s.codec == "absmax" else 0
         codes = q.codes + offset
         if s.granularity == "channel":  # codes are [B, H, D, n_groups, G]: back to [B, H, T, D] to pack along D
-            codes = _ungroup_last(codes, shape[-2]).transpose(-1, -2)
+            codes = ungroup_last(codes, shape[-2]).transpose(-1, -2)
         else:
             codes = codes.reshape(*shape[:-1], -1)[..., : shape[-1]] if s.granularity == "token" else codes
         half = (lambda t: t.half()) if s.scale_bits == 16 else (lambda t: t)
@@ -98,18 +117,18 @@ class TensorStore:
         s = self.scheme
         if s.codec == "fp8":
             deq = dequantize_groups(q, s)
-            return _ungroup_last(deq, d) if s.granularity == "token" else deq
+            return ungroup_last(deq, d) if s.granularity == "token" else deq
         offset = 2 ** (s.bits - 1) - 1 if s.codec == "absmax" else 0
         codes = unpack_bitplanes(q.codes, s.bits).float() - offset
         scale = q.scale.float()
         zero = None if q.zero is None else q.zero.float()
         if s.granularity == "token":
             g = min(s.group or d, d)
-            deq = dequantize_groups(Quantized(_group_last(codes, g), scale, zero), s)
-            return _ungroup_last(deq, d)
+            deq = dequantize_groups(Quantized(group_last(codes, g), scale, zero), s)
+            return ungroup_last(deq, d)
         if s.granularity == "channel":
-            deq = dequantize_groups(Quantized(_group_last(codes.transpose(-1, -2), s.group), scale, zero), s)
-            return _ungroup_last(deq, n).transpose(-1, -2)
+            deq = dequantize_groups(Quantized(group_last(codes.transpose(-1, -2), s.group), scale, zero), s)
+            return ungroup_last(deq, n).transpose(-1, -2)
         return dequantize_groups(Quantized(codes, scale, zero), s)
 
     def dense(self) -> torch.Tensor:
