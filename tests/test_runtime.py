@@ -167,3 +167,21 @@ def test_plan_for_another_model_and_unstorable_schemes_are_refused():
     cal = _plan(model, [("fp8_e4m3_cal", "none")] * 3, [{}] * 3)
     with pytest.raises(SensprofError, match="calibrated"):
         PlannedCache.from_plan(cal, model)
+
+
+def test_generate_cli_prints_text_bytes_and_speed(tiny_model_dir, tmp_path, capsys):
+    from conftest import one_error_line, run_cli
+
+    prof, plan = tmp_path / "p", tmp_path / "plan.json"
+    assert run_cli(capsys, "profile", "--model", tiny_model_dir, "--seq-len", "32", "--windows", "2", "--schemes",
+                   "int4_c32,int4_t32,int8_per_token_head", "--out", prof, "--device", "cpu", "--quiet")[0] == 0
+    assert run_cli(capsys, "plan", prof, "--avg-bits", "8", "--out", plan)[0] == 0
+    rc, out, err = run_cli(capsys, "generate", "--plan", plan, "--prompt", "The quick brown fox", "--prompt", "A",
+                           "--max-new-tokens", "5", "--device", "cpu")
+    assert rc == 0, err
+    assert out.count("--- ") == 2 and "# cache:" in out and "tokens/s" in out and "2 sequences" in out
+    line = one_error_line(*run_cli(capsys, "generate", "--plan", plan, "--prompt", "x", "--max-new-tokens", "0"))
+    assert "--max-new-tokens" in line
+    if not torch.cuda.is_available():
+        line = one_error_line(*run_cli(capsys, "generate", "--plan", plan, "--prompt", "x", "--device", "cuda"))
+        assert "CUDA is not available" in line
