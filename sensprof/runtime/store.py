@@ -87,13 +87,12 @@ class TensorStore:
         s = self.scheme
         code_dim = 2 if s.codec == "fp8" else 3  # float8 [B, H, T, ...]; bit-planes [bits, B, H, T, D/8]
         scale_dim = {"token": 2, "channel": 3}.get(s.granularity)  # per-group parameters grow with tokens
-        cat = (lambda ts, dim: torch.cat(ts, dim=dim))
-        codes = cat([q.codes for q in self.chunks], code_dim)
-        if scale_dim is None:
+        codes = torch.cat([q.codes for q in self.chunks], dim=code_dim)
+        if scale_dim is None:  # one constant scale per layer or per head
             scale, zero = self.chunks[0].scale, self.chunks[0].zero
         else:
-            scale = cat([q.scale for q in self.chunks], scale_dim)
-            zero = None if self.chunks[0].zero is None else cat([q.zero for q in self.chunks], scale_dim)
+            scale = torch.cat([q.scale for q in self.chunks], dim=scale_dim)
+            zero = None if self.chunks[0].zero is None else torch.cat([q.zero for q in self.chunks], dim=scale_dim)
         self.chunks = [Quantized(codes, scale, zero)]
         self.chunk_tokens = [sum(self.chunk_tokens)]
 
