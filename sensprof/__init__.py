@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from .errors import SensprofError  # noqa: E402
-from .schemes import QuantScheme, get_scheme  # noqa: E402
+from .errors import SensprofError
+from .schemes import QuantScheme, get_scheme
 
-__all__ = ["SensprofError", "QuantScheme", "get_scheme", "__version__"]
+__all__ = ["QuantScheme", "SensprofError", "__version__", "get_scheme"]

@@ -116,6 +116,37 @@ def build_parser() -> argparse.ArgumentParser:
     ge.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     ge.add_argument("--device", default="auto", help="cpu, cuda or auto")
     ge.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+    ge.add_argument("--kernels", default="auto",
+                    help="auto (Triton on a GPU, else the PyTorch reference) | triton | reference")
+
+    rp = sub.add_parser("report", help="figures (PNG) and one self-contained HTML page from a profile, plans, sweeps")
+    rp.add_argument("profile_dir", help="directory written by `sensprof profile`")
+    rp.add_argument("--plan", action="append", default=[], metavar="P",
+                    help="plan JSON to draw (and its <plan>.validation.csv if present); repeatable")
+    rp.add_argument("--sweep", action="append", default=[], metavar="S",
+                    help="directory written by `sensprof sweep` (holds sweep.csv); repeatable, e.g. one per target")
+    rp.add_argument("--metric", default="kl", help="damage in the heatmaps: kl (default) | dnll | attn_kl | out_rel_l2")
+    rp.add_argument("--reference-scheme", default=None,
+                    help="scheme for the K-vs-V figure (default: int4_per_token_head or the first profiled for K and V)")
+    rp.add_argument("--out", required=True, help="directory for the PNGs and report.html")
+
+    ev = sub.add_parser("eval", help="long-context retrieval/passkey accuracy of a plan through the runtime cache")
+    ev.add_argument("--plan", required=True, help="plan JSON written by `sensprof plan`")
+    ev.add_argument("--model", default=None, help="model (default: the plan's model)")
+    ev.add_argument("--task", default="retrieval",
+                    help="retrieval (default: repeat a planted 32-token needle) | passkey (recall a 5-digit key)")
+    ev.add_argument("--lengths", default="1k,2k,4k", help="context lengths in tokens, e.g. 1k,2k,4k or 2048")
+    ev.add_argument("--depths", default="0.1,0.5,0.9", help="where the needle sits, fractions in [0, 1] (default 0.1,0.5,0.9)")
+    ev.add_argument("--seeds", type=int, default=3, help="samples per length and depth (default 3)")
+    ev.add_argument("--chunk", type=int, default=512, help="tokens per prefill forward (default 512)")
+    ev.add_argument("--uniform", default="auto",
+                    help="auto (default: uniform configurations nearest the plan's memory, not below) | all | none")
+    _add_text_args(ev, seq_len=1024, windows=2)
+    ev._option_string_actions["--text"].help = "also measure perplexity through the cache on this plain-text/JSONL file"
+    ev.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    ev.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
+    ev.add_argument("--out", default=None, help="CSV path (default: beside the plan, <plan>.eval-<task>.csv)")
+    ev.add_argument("--quiet", action="store_true", help="no progress lines")
 
     s = sub.add_parser("summary", help="print the summary table of a profile directory")
     s.add_argument("dir", help="profile directory")
@@ -176,6 +207,14 @@ def cmd_merge(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from .report import write_report
+
+    paths = write_report(args.profile_dir, args.out, args.plan, args.sweep, args.metric, args.reference_scheme)
+    print(f"wrote {paths[-1]} and {len(paths) - 1} figures in {args.out}")
+    return 0
+
+
 def cmd_summary(args) -> int:
     from .summary import summarize
     from .table import load_profile
@@ -232,6 +271,13 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    from .evaluate.command import run_eval
+
+    print(run_eval(args))
+    return 0
+
+
 def cmd_generate(args) -> int:
     from .commands import run_generate
 
@@ -239,8 +285,9 @@ def cmd_generate(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "profile": cmd_profile, "merge": cmd_merge, "summary": cmd_summary, "schemes": cmd_schemes,
-            "plan": cmd_plan, "sweep": cmd_sweep, "validate": cmd_validate, "export": cmd_export}
+COMMANDS = {"generate": cmd_generate, "profile": cmd_profile, "merge": cmd_merge, "summary": cmd_summary, "report": cmd_report, "schemes": cmd_schemes,
+            "plan": cmd_plan, "sweep": cmd_sweep, "validate": cmd_validate, "export": cmd_export,
+            "eval": cmd_eval}
 
 
 def main(argv=None) -> int:

@@ -218,8 +218,9 @@ def run_generate(args) -> str:
     plan = load_plan(args.plan)
     loaded = _load_for_plan(plan, args.model, args.device, args.dtype)
     r = generate_with_plan(loaded.model, loaded.tokenizer, plan, args.prompt, args.max_new_tokens, args.sample,
-                           args.seed)
+                           args.seed, kernels=args.kernels)
     lines = [f"--- {i}: {t}" for i, t in enumerate(r["texts"])]
     lines.append(f"# cache: {r['cache_bytes']:,} bytes for {r['cache_tokens']} tokens x {len(args.prompt)} sequences; "
-                 f"{r['tokens']} new tokens in {r['seconds']:.2f} s ({r['tokens_per_s']:.1f} tokens/s, reference path)")
+                 f"{r['tokens']} new tokens in {r['seconds']:.2f} s ({r['tokens_per_s']:.1f} tokens/s); "
+                 f"{r['kernels']} kernels read the packed cache in {r['packed_steps']} layer-steps")
     return "\n".join(lines)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import difflib
 import hashlib
-import logging
 import importlib.util
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 
@@ -166,7 +166,7 @@ def text_config(model):
 
 def decoder_layers(model):
     """The decoder's ModuleList of layers, each holding a `self_attn` with a `layer_idx`."""
-    import torch.nn as nn
+    from torch import nn
 
     n = getattr(text_config(model), "num_hidden_layers", None)
     candidates = []

@@ -21,8 +21,23 @@ from .memory import bits_per_element
 from .metrics import kl_and_dnll, log_probs, token_nll
 from .models import describe_layers, fingerprint, layer_infos_to_json
 from .schemes import QuantScheme
-from .table import (CALIBRATION, FORMAT_VERSION, KIND, META, PARTS, STATS, STATS_COLUMNS, Profile, check_out_dir,
-                    load_parts, load_profile, part_path, write_csv, write_json, write_tables)
+from .table import (
+    CALIBRATION,
+    FORMAT_VERSION,
+    KIND,
+    META,
+    PARTS,
+    STATS,
+    STATS_COLUMNS,
+    Profile,
+    check_out_dir,
+    load_parts,
+    load_profile,
+    part_path,
+    write_csv,
+    write_json,
+    write_tables,
+)
 from .taps import QuantTap, StatsTap
 
 

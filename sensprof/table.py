@@ -24,19 +24,34 @@ OWN_FILES = {META, CALIBRATION, PARTS, TABLE, HEADS, STATS}
 
 
 def atomic_write_text(path: str, text: str) -> None:
+    _atomic_write(path, text, "w", "utf-8")
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    _atomic_write(path, data, "wb", None)
+
+
+def _atomic_write(path: str, data, mode: str, encoding: str | None) -> None:
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, encoding=encoding) as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: str, obj) -> None:

@@ -17,9 +17,9 @@ import sys
 import pandas as pd
 import pytest
 import torch
+from conftest import make_tiny_model
 
 import sensprof.models as sm
-from conftest import make_tiny_model
 from sensprof.cli import default_out_dir, main
 
 # A profile of the tiny model in well under a second: 3 layers x K/V x 1 scheme, 2 windows of 32 tokens.

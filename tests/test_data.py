@@ -9,8 +9,15 @@ import pytest
 import torch
 
 from sensprof.api import load_windows
-from sensprof.data import (bos_prefix, builtin_corpus, load_text, make_windows, read_text_file, text_digest,
-                           tokenize)
+from sensprof.data import (
+    bos_prefix,
+    builtin_corpus,
+    load_text,
+    make_windows,
+    read_text_file,
+    text_digest,
+    tokenize,
+)
 from sensprof.errors import SensprofError
 
 # --------------------------------------------------------------------------- built-in corpus

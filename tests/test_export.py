@@ -12,8 +12,8 @@ import types
 
 import pytest
 import torch
-
 from conftest import make_tiny_model, one_error_line, run_cli
+
 from sensprof.cli import main
 from sensprof.errors import SensprofError
 from sensprof.export import FORMATS, check_format, command_line, memory_comments

@@ -7,7 +7,13 @@ import torch
 from conftest import ARCHS, make_tiny_model
 
 from sensprof import hooks
-from sensprof.hooks import apply_rope, attention_taps, record_layer_outputs, replay_from, undo_rope
+from sensprof.hooks import (
+    apply_rope,
+    attention_taps,
+    record_layer_outputs,
+    replay_from,
+    undo_rope,
+)
 from sensprof.models import decoder_layers
 from sensprof.taps import StatsTap
 

@@ -168,7 +168,7 @@ def _brute_force_quantized(scheme, n):
 ])
 def test_quantized_token_count_matches_the_rule(name):
     s = get_scheme(name)
-    for n in list(range(0, 300)) + [1000, 1023, 1024, 1025, 4099]:
+    for n in list(range(300)) + [1000, 1023, 1024, 1025, 4099]:
         assert quantized_token_count(s, n) == _brute_force_quantized(s, n), (name, n)
 
 
@@ -343,7 +343,7 @@ def test_layer_cache_bits_scale_linearly_with_heads(name):
 def test_layer_cache_bits_monotone_in_tokens(name):
     s = get_scheme(name)
     prev = -1.0
-    for n in range(0, 400):
+    for n in range(400):
         bits = layer_cache_bits(s, n, 2, 64)
         assert bits > prev or (n == 0 and bits >= 0)
         prev = bits
@@ -352,7 +352,7 @@ def test_layer_cache_bits_monotone_in_tokens(name):
 
 def test_per_channel_cost_drops_when_a_group_completes():
     s = get_scheme("int2_c32")
-    b = [layer_cache_bits(s, n, 2, 64) for n in range(0, 100)]
+    b = [layer_cache_bits(s, n, 2, 64) for n in range(100)]
     for n in range(1, 100):
         if n % 32 == 0:  # 31 tokens at 16 bits + 1 become 32 tokens at 2 + 32/32 bits
             assert b[n] == b[n - 1] - (31 * 16 - 32 * 3) * 2 * 64

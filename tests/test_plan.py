@@ -7,13 +7,20 @@ import json
 
 import pytest
 import torch
-
 from conftest import VOCAB, make_tiny_model
+
 from sensprof.budget import Budget
 from sensprof.commands import describe_plan, make_plan, plan_path
 from sensprof.errors import SensprofError
 from sensprof.memory import MODEL_BITS, bits_per_element
-from sensprof.plan import FP8_E4M3_MAX, PLAN_FORMAT_VERSION, PLAN_KIND, Plan, load_plan, predicted_summary
+from sensprof.plan import (
+    FP8_E4M3_MAX,
+    PLAN_FORMAT_VERSION,
+    PLAN_KIND,
+    Plan,
+    load_plan,
+    predicted_summary,
+)
 from sensprof.planner import OBJECTIVES
 from sensprof.profile import run_profile
 from sensprof.schemes import get_scheme, parse_schemes

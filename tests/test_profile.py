@@ -228,7 +228,7 @@ def test_bad_options_are_refused(tiny_ids, kwargs, match):
 
 
 def test_python_api_profile(tiny_tokenizer, tmp_path):
-    import sensprof.api as api
+    from sensprof import api
 
     model = make_tiny_model("llama")
     prof = api.profile(model, schemes=["int4_t32", "int2_c32_pre"], tokenizer=tiny_tokenizer, seq_len=32,

@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from sensprof.quant import dequantize_groups, fake_quant, quantize_groups, round_half_away
+from sensprof.quant import (
+    dequantize_groups,
+    fake_quant,
+    quantize_groups,
+    round_half_away,
+)
 from sensprof.schemes import REGISTRY, get_scheme
 
 QUANTIZED = [n for n, s in REGISTRY.items() if not s.is_identity]

@@ -349,3 +349,20 @@ def test_other_damage_is_reported(profile_copy, tmp_path):
     os.remove(os.path.join(profile_copy, "meta.json"))
     with pytest.raises(SensprofError, match="missing"):
         load_profile(profile_copy)
+
+
+def test_atomic_writes_get_the_mode_a_plain_open_would(tmp_path):
+    import os
+    import stat
+
+    from sensprof.table import atomic_write_bytes, atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(str(tmp_path / "a.txt"), "x")
+        atomic_write_bytes(str(tmp_path / "b.png"), b"\x89PNG")
+    finally:
+        os.umask(old)
+    for name in ("a.txt", "b.png"):
+        assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o644
+    assert sorted(os.listdir(tmp_path)) == ["a.txt", "b.png"]  # no temp files left

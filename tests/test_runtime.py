@@ -1,9 +1,11 @@
 """The planned-cache runtime: packing, streaming storage, equivalence with the profiler, bytes, generate."""
 
+import os
+
 import pytest
 import torch
-
 from conftest import make_tiny_model, tiny_config
+
 from sensprof.errors import SensprofError
 from sensprof.hooks import attention_taps
 from sensprof.memory import layer_cache_bytes
@@ -99,6 +101,47 @@ def test_decoding_matches_the_profilers_fake_quantization(arch, pairs):
     plain = model(ids, use_cache=False).logits.log_softmax(-1)
     assert (run - plain).abs().max() > 1e-3  # the quantization is real...
     assert (run - ref).abs().max() < 1e-4  # ...and exactly what the profile measured
+    if arch == "llama":  # layer 0 (int4_c32 / int4_t32, full attention) was read by the packed kernel
+        assert cache.layers[0].packed_steps > 0
+
+
+def _decode(model, cache, ids):
+    steps = []
+    with torch.no_grad():
+        for t in range(ids.shape[1]):
+            steps.append(model(ids[:, t:t + 1], use_cache=True, **{cache_kwarg(model): cache}).logits[:, -1])
+    return torch.stack(steps, 1).log_softmax(-1)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_packed_decode_reads_the_same_cache_as_the_dense_path(arch):
+    """Residual windows, sinks, different K and V lengths and group sizes: the kernel reads the packed
+    positions both hold, the rest goes in its full-precision tail; the result is the dense path's."""
+    model = make_tiny_model(arch)
+    pairs = [("int4_c32_r16_s2", "int2_t32_s3"), ("int3_c64", "int4_t32_r8"), ("int8_c32", "int5_t32")]
+    plan = _plan(model, pairs, [{}] * 3)
+    ids = torch.randint(3, 300, (2, 150), generator=torch.Generator().manual_seed(4))
+    dense = _decode(model, PlannedCache.from_plan(plan, packed_decode=False), ids)
+    cache = PlannedCache.from_plan(plan, model, kernels="reference")
+    packed = _decode(model, cache, ids)
+    assert model.config._attn_implementation.startswith("sensprof_planned_")
+    assert all(layer.packed_steps > 60 for layer in cache.layers)
+    assert (packed - dense).abs().max() < 1e-5
+
+
+def test_packed_decode_defers_to_the_dense_path_where_the_kernel_does_not_apply(tiny_tokenizer):
+    """fp8 / per-token keys are read densely; a left-padded batch's mask hides tokens, so it is read densely
+    too; either way generate gives the dense path's tokens."""
+    from sensprof.runtime.generate import generate_with_plan
+
+    model = make_tiny_model("llama")
+    plan = _plan(model, [("fp8_e4m3", "int4_t32"), ("int4_c32", "int4_t32"), ("int4_t32", "int4_c32")], [{}] * 3)
+    prompts = ["the cat sat on the mat " * 6, "hello"]
+    got = generate_with_plan(model, tiny_tokenizer, plan, prompts, max_new_tokens=12)
+    model2 = make_tiny_model("llama")
+    want = generate_with_plan(model2, tiny_tokenizer, plan, prompts, max_new_tokens=12, packed_decode=False)
+    assert torch.equal(got["ids"], want["ids"])
+    assert model2.config._attn_implementation == "eager"
 
 
 def _bf16_llama(head_dim=64, positions=4608):
@@ -180,6 +223,13 @@ def test_generate_cli_prints_text_bytes_and_speed(tiny_model_dir, tmp_path, caps
                            "--max-new-tokens", "5", "--device", "cpu")
     assert rc == 0, err
     assert out.count("--- ") == 2 and "# cache:" in out and "tokens/s" in out and "2 sequences" in out
+    assert "reference kernels read the packed cache" in out
+    line = one_error_line(*run_cli(capsys, "generate", "--plan", plan, "--prompt", "x", "--kernels", "fastest"))
+    assert "unknown kernel preference 'fastest'" in line
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        line = one_error_line(*run_cli(capsys, "generate", "--plan", plan, "--prompt", "x", "--kernels", "triton",
+                                       "--device", "cpu"))
+        assert "Triton kernels need" in line
     line = one_error_line(*run_cli(capsys, "generate", "--plan", plan, "--prompt", "x", "--max-new-tokens", "0"))
     assert "--max-new-tokens" in line
     if not torch.cuda.is_available():

@@ -7,7 +7,14 @@ import dataclasses
 import pytest
 
 from sensprof.errors import SensprofError
-from sensprof.schemes import DEFAULT_SCHEMES, REGISTRY, QuantScheme, get_scheme, parse_schemes, scheme_names
+from sensprof.schemes import (
+    DEFAULT_SCHEMES,
+    REGISTRY,
+    QuantScheme,
+    get_scheme,
+    parse_schemes,
+    scheme_names,
+)
 
 INT_BITS = (8, 6, 5, 4, 3, 2)
 GROUPS = (32, 64, 128)

@@ -14,7 +14,6 @@ from sensprof.quant import fake_quant
 from sensprof.schemes import get_scheme
 from sensprof.taps import full_precision_from, mixed_attention
 
-
 # ---------------------------------------------------------------- full_precision_from
 
 

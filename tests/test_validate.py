@@ -10,8 +10,8 @@ import types
 import pandas as pd
 import pytest
 import torch
-
 from conftest import VOCAB, make_tiny_model, one_error_line, run_cli
+
 from sensprof.api import select_windows
 from sensprof.cli import main
 from sensprof.commands import validation_windows
@@ -21,7 +21,14 @@ from sensprof.models import describe_layers
 from sensprof.plan import LayerPlan, load_plan
 from sensprof.profile import run_profile
 from sensprof.schemes import parse_schemes
-from sensprof.validate import UNIFORM, layer_choices, measure, predicted_damage, reference_configs, validation_table
+from sensprof.validate import (
+    UNIFORM,
+    layer_choices,
+    measure,
+    predicted_damage,
+    reference_configs,
+    validation_table,
+)
 
 NONE2 = ("none", "none")
 PROFILE_SCHEMES = "fp8_e4m3,int8_per_token_head,int4_per_token_head,int2_c32,int2_t32"

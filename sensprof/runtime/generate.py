@@ -15,10 +15,10 @@ def cache_kwarg(model) -> str:
 
 @torch.inference_mode()
 def generate_with_plan(model, tokenizer, plan, prompts: list[str], max_new_tokens: int = 64, do_sample: bool = False,
-                       seed: int = 0) -> dict:
+                       seed: int = 0, kernels: str = "auto", packed_decode: bool = True) -> dict:
     from .cache import PlannedCache
 
-    cache = PlannedCache.from_plan(plan, model)
+    cache = PlannedCache.from_plan(plan, model, kernels=kernels, packed_decode=packed_decode)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -31,4 +31,11 @@ def generate_with_plan(model, tokenizer, plan, prompts: list[str], max_new_token
     new = out[:, enc["input_ids"].shape[1]:]
     return {"texts": tokenizer.batch_decode(new, skip_special_tokens=True), "ids": new, "tokens": int(new.numel()),
             "seconds": elapsed, "tokens_per_s": new.numel() / elapsed, "cache_bytes": cache.nbytes(),
-            "cache_tokens": cache.get_seq_length()}
+            "cache_tokens": cache.get_seq_length(),
+            "packed_steps": sum(getattr(layer, "packed_steps", 0) for layer in cache.layers),
+            "kernels": _kernel_name(cache)}
+
+
+def _kernel_name(cache) -> str:
+    used = {layer.kernels.__name__.rsplit(".", 1)[-1] for layer in cache.layers if layer.kernels is not None}
+    return "/".join(sorted(used)) or "no"

@@ -11,9 +11,15 @@ import torch
 
 from ..errors import SensprofError
 from ..memory import CONSTANT_SCALE_BITS, quantized_token_count
-from ..quant import Quantized, group_last, ungroup_last, dequantize_groups, quantize_groups
+from ..quant import (
+    Quantized,
+    dequantize_groups,
+    group_last,
+    quantize_groups,
+    ungroup_last,
+)
 from ..schemes import QuantScheme
-from .kernels import pack_bitplanes, unpack_bitplanes
+from .kernels import pack_bitplanes, select, unpack_bitplanes
 
 
 def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
@@ -26,8 +32,11 @@ def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
 
 
 class TensorStore:
-    def __init__(self, scheme: QuantScheme, absmax: torch.Tensor | None = None, sliding: bool = False):
+    def __init__(self, scheme: QuantScheme, absmax: torch.Tensor | None = None, sliding: bool = False,
+                 kernels: str = "auto"):
         self.scheme = scheme
+        self.preference = kernels
+        self.kernels = None  # the kernel module, chosen on the first append (when the device is known)
         self.sliding = sliding
         self.absmax = absmax
         if scheme.scale_source == "calibrated" and absmax is None:
@@ -60,84 +69,141 @@ class TensorStore:
             self.pending = self.pending[..., due:, :]
 
     def _quantize(self, y: torch.Tensor) -> None:
+        self.chunks.append(self._quantize_pack(y))
+        self.chunk_tokens.append(y.shape[-2])
+        self.flushed += y.shape[-2]
+        if len(self.chunks) > 1 and not self.sliding:
+            self._merge()
+
+    def _quantize_pack(self, y: torch.Tensor) -> Quantized:
+        """Codes as the profiler computes them, stored packed in the kernels' layout:
+        bit-planes [bits, B, H, T, D/8]; per-token scales [B, H, T, D/g]; per-channel [B, H, T/G, D]."""
         s = self.scheme
+        b, h, t, d = y.shape
+        if s.codec == "minmax" and s.scale_bits == 16 and s.zero_bits == 16 and s.granularity in ("token", "channel"):
+            ops = self._kernels(y.device)
+            if s.granularity == "token":
+                g = min(s.group or d, d)
+                codes, scale, zero = ops.quantize_pack_tokens(y.reshape(-1, d), s.bits, g)
+                return Quantized(codes.view(s.bits, b, h, t, d // 8), scale.view(b, h, t, d // g),
+                                 zero.view(b, h, t, d // g))
+            codes, scale, zero = ops.quantize_pack_channels(y.reshape(b * h, t, d), s.bits, s.group)
+            return Quantized(codes.view(s.bits, b, h, t, d // 8), scale.view(b, h, t // s.group, d),
+                             zero.view(b, h, t // s.group, d))
         yf = y.float()
+        half = (lambda v: v.half()) if s.scale_bits == 16 else (lambda v: v)
+        half_zero = (lambda v: v.half()) if s.zero_bits == 16 else (lambda v: v)
+        zero = None
         if s.granularity == "token":
-            d = yf.shape[-1]
             q = quantize_groups(group_last(yf, min(s.group or d, d)), s)
+            if s.codec == "fp8":
+                return q  # float8 codes [B, H, T, n, g]; fp32 scale per group
+            codes, scale = q.codes.reshape(b, h, t, d), half(q.scale.squeeze(-1))
+            if q.zero is not None:
+                zero = half_zero(q.zero.squeeze(-1))
         elif s.granularity == "channel":
-            q = quantize_groups(group_last(yf.transpose(-1, -2), s.group), s)
+            q = quantize_groups(group_last(yf.transpose(-1, -2), s.group), s)  # [B, H, D, T/G, G]
+            codes = ungroup_last(q.codes, t).transpose(-1, -2)
+            scale = half(q.scale.squeeze(-1).transpose(-1, -2))
+            if q.zero is not None:
+                zero = half_zero(q.zero.squeeze(-1).transpose(-1, -2))
         else:
             a = self.absmax
             if a is not None:
                 a = a.float().to(y.device)
                 a = a.amax().reshape(1, 1, 1, 1) if s.granularity == "tensor" else a.reshape(1, -1, 1, 1)
             q = quantize_groups(yf, s, a)
-            q = Quantized(q.codes, q.scale.reshape(-1)[:1] if s.granularity == "tensor" else q.scale[:1, :, :1, :1],
-                          q.zero)
-        self.chunks.append(self._pack(q, y.shape))
-        self.chunk_tokens.append(y.shape[-2])
-        self.flushed += y.shape[-2]
-        if len(self.chunks) > 1 and not self.sliding:
-            self._merge()
+            scale = q.scale.reshape(-1)[:1] if s.granularity == "tensor" else q.scale[:1, :, :1, :1]
+            if s.codec == "fp8":
+                return Quantized(q.codes, scale, None)
+            codes = q.codes
+        codes = codes + (2 ** (s.bits - 1) - 1 if s.codec == "absmax" else 0)
+        return Quantized(pack_bitplanes(codes, s.bits), scale.contiguous(),
+                         None if zero is None else zero.contiguous())
+
+    def _kernels(self, device):
+        if self.kernels is None:
+            self.kernels = select(self.preference, device)
+        return self.kernels
 
     def _merge(self) -> None:
         """One packed chunk instead of one per decode step: reading then unpacks one tensor, not thousands.
         (Sliding windows keep chunks apart so the oldest can be evicted whole.)"""
         s = self.scheme
         code_dim = 2 if s.codec == "fp8" else 3  # float8 [B, H, T, ...]; bit-planes [bits, B, H, T, D/8]
-        scale_dim = {"token": 2, "channel": 3}.get(s.granularity)  # per-group parameters grow with tokens
+        grows = s.granularity in ("token", "channel")  # per-group parameters grow with tokens, along dim 2
         codes = torch.cat([q.codes for q in self.chunks], dim=code_dim)
-        if scale_dim is None:  # one constant scale per layer or per head
+        if not grows:  # one constant scale per layer or per head
             scale, zero = self.chunks[0].scale, self.chunks[0].zero
         else:
-            scale = torch.cat([q.scale for q in self.chunks], dim=scale_dim)
-            zero = None if self.chunks[0].zero is None else torch.cat([q.zero for q in self.chunks], dim=scale_dim)
+            scale = torch.cat([q.scale for q in self.chunks], dim=2)
+            zero = None if self.chunks[0].zero is None else torch.cat([q.zero for q in self.chunks], dim=2)
         self.chunks = [Quantized(codes, scale, zero)]
         self.chunk_tokens = [sum(self.chunk_tokens)]
 
-    def _pack(self, q: Quantized, shape) -> Quantized:
-        s = self.scheme
-        if s.codec == "fp8":
-            return q  # float8 codes; scale fp32 (per token) or one constant
-        offset = 2 ** (s.bits - 1) - 1 if s.codec == "absmax" else 0
-        codes = q.codes + offset
-        if s.granularity == "channel":  # codes are [B, H, D, n_groups, G]: back to [B, H, T, D] to pack along D
-            codes = ungroup_last(codes, shape[-2]).transpose(-1, -2)
-        else:
-            codes = codes.reshape(*shape[:-1], -1)[..., : shape[-1]] if s.granularity == "token" else codes
-        half = (lambda t: t.half()) if s.scale_bits == 16 else (lambda t: t)
-        zero = None if q.zero is None else (q.zero.half() if s.zero_bits == 16 else q.zero)
-        scale = half(q.scale) if s.granularity in ("token", "channel") else q.scale
-        return Quantized(pack_bitplanes(codes, s.bits), scale, zero)
-
     # ------------------------------------------------------------------ reading
-    def _unpack(self, q: Quantized, n: int, d: int) -> torch.Tensor:
+    def _dequant(self, q: Quantized, lo: int, hi: int) -> torch.Tensor:
+        """Tokens [lo, hi) of a packed chunk, dequantized in float32: [B, H, hi - lo, D].
+        Table-driven unpacking and in-place scaling: no grouped copies of the cache."""
         s = self.scheme
         if s.codec == "fp8":
-            deq = dequantize_groups(q, s)
-            return ungroup_last(deq, d) if s.granularity == "token" else deq
-        offset = 2 ** (s.bits - 1) - 1 if s.codec == "absmax" else 0
-        codes = unpack_bitplanes(q.codes, s.bits).float() - offset
-        scale = q.scale.float()
-        zero = None if q.zero is None else q.zero.float()
+            if s.granularity == "token":
+                deq = dequantize_groups(Quantized(q.codes[:, :, lo:hi], q.scale[:, :, lo:hi], None), s)
+                return deq.reshape(*deq.shape[:3], -1)
+            return dequantize_groups(Quantized(q.codes[:, :, lo:hi], q.scale, None), s)
+        if s.granularity == "channel":  # whole groups of G tokens, then trimmed
+            g = s.group
+            g0, g1 = lo // g, -(-hi // g)
+            f = unpack_bitplanes(q.codes[:, :, :, g0 * g:g1 * g], s.bits).float()
+        else:
+            f = unpack_bitplanes(q.codes[:, :, :, lo:hi], s.bits).float()
+        if s.codec == "absmax":
+            f.sub_(2 ** (s.bits - 1) - 1)
+        elif s.codec == "signed_max":
+            f.sub_(2 ** (s.bits - 1))
+        b, h, n, d = f.shape
         if s.granularity == "token":
-            g = min(s.group or d, d)
-            deq = dequantize_groups(Quantized(group_last(codes, g), scale, zero), s)
-            return ungroup_last(deq, d)
+            ng = q.scale.shape[-1]
+            fg = f.view(b, h, n, ng, d // ng)
+            fg.mul_(q.scale[:, :, lo:hi].float().unsqueeze(-1))
+            if q.zero is not None:
+                fg.add_(q.zero[:, :, lo:hi].float().unsqueeze(-1))
+            return f
         if s.granularity == "channel":
-            deq = dequantize_groups(Quantized(group_last(codes.transpose(-1, -2), s.group), scale, zero), s)
-            return ungroup_last(deq, n).transpose(-1, -2)
-        return dequantize_groups(Quantized(codes, scale, zero), s)
+            fg = f.view(b, h, g1 - g0, s.group, d)
+            fg.mul_(q.scale[:, :, g0:g1].float().unsqueeze(3))
+            if q.zero is not None:
+                fg.add_(q.zero[:, :, g0:g1].float().unsqueeze(3))
+            return f[:, :, lo - g0 * s.group:hi - g0 * s.group]
+        return f.mul_(q.scale.float())
 
     def dense(self) -> torch.Tensor:
         """Every held token, dequantized, in the model dtype: [B, H, T, D]."""
-        parts = [self.sink]
-        d = self.pending.shape[-1]
-        for q, n in zip(self.chunks, self.chunk_tokens):
-            parts.append(self._unpack(q, n, d).to(self.dtype))
-        parts.append(self.pending)
-        return torch.cat(parts, dim=-2)
+        return self.dense_range(0, self.seq_length())
+
+    def dense_range(self, lo: int, hi: int) -> torch.Tensor:
+        """Held tokens [lo, hi) (0 = the oldest still held), dequantized, in the model dtype."""
+        b, h, _, d = self.pending.shape
+        out = torch.empty(b, h, max(hi - lo, 0), d, dtype=self.dtype, device=self.pending.device)
+        at = 0
+        for part, n in self._parts():
+            a, z = max(lo - at, 0), min(hi - at, n)
+            if a < z:
+                block = part[..., a:z, :] if isinstance(part, torch.Tensor) else self._dequant(part, a, z)
+                out[..., at + a - lo:at + z - lo, :] = block
+            at += n
+        return out
+
+    def _parts(self):
+        yield self.sink, self.sink.shape[-2]
+        yield from zip(self.chunks, self.chunk_tokens)
+        yield self.pending, self.pending.shape[-2]
+
+    def packed_body(self):
+        """(first held position, tokens, packed chunk) of the one merged chunk, or None."""
+        if len(self.chunks) != 1:
+            return None
+        return self.sink.shape[-2], self.chunk_tokens[0], self.chunks[0]
 
     def seq_length(self) -> int:
         return self.total - self.dropped

@@ -47,4 +47,4 @@ def select(preference: str = "auto", device: str = "cpu"):
     return triton_kernels
 
 
-__all__ = ["pack_bitplanes", "unpack_bitplanes", "select", "triton_available", "PREFERENCES"]
+__all__ = ["PREFERENCES", "pack_bitplanes", "select", "triton_available", "unpack_bitplanes"]

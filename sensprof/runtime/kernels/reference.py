@@ -1,7 +1,8 @@
-"""Reference bit-plane packing: a b-bit code costs exactly b bits (3- and 5-bit codes too).
+"""Reference kernels in PyTorch: the CPU path and the oracle the Triton kernels are tested against.
 
-Plane k holds bit k of every code, eight codes to a byte along the last dim:
-codes [..., D] (D a multiple of 8) <-> packed [b, ..., D // 8] uint8.
+Bit-plane packing: a b-bit code costs exactly b bits (3- and 5-bit codes too). Plane k holds bit k of
+every code, eight codes to a byte along the last dim: codes [..., D] (D a multiple of 8) <->
+packed [b, ..., D // 8] uint8.
 """
 
 from __future__ import annotations
@@ -9,31 +10,50 @@ from __future__ import annotations
 import torch
 
 _SHIFTS = torch.arange(8, dtype=torch.uint8)
+_LUTS: dict = {}
 
 
 def pack_bitplanes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     if codes.shape[-1] % 8:
         raise ValueError(f"the packed dim must be a multiple of 8, got {codes.shape[-1]}")
-    c = codes.to(torch.uint8).reshape(*codes.shape[:-1], codes.shape[-1] // 8, 8)
+    c = codes.to(torch.uint8).reshape(1, *codes.shape[:-1], codes.shape[-1] // 8, 8)
     shifts = _SHIFTS.to(c.device)
-    planes = [(((c >> k) & 1) << shifts).sum(-1, dtype=torch.uint8) for k in range(bits)]
-    return torch.stack(planes)
+    k = torch.arange(bits, dtype=torch.uint8, device=c.device).view(bits, *[1] * (c.dim() - 1))
+    return (((c >> k) & 1) << shifts).sum(-1, dtype=torch.uint8)  # all planes in three ops
+
+
+def _spread_tables(device):
+    """byte -> int64 whose 8 bytes are its 8 bits (0/1); and a 16-bit version for two planes at once
+    (low byte -> bit 0 of each code, high byte -> bit 1). Built once per device."""
+    if device not in _LUTS:
+        byte = torch.arange(256, dtype=torch.int64)
+        one = sum(((byte >> i) & 1) << (8 * i) for i in range(8))
+        pair = torch.arange(65536, dtype=torch.int64)
+        two = one[pair & 255] | (one[pair >> 8] << 1)
+        _LUTS[device] = (one.to(device), two.to(device))
+    return _LUTS[device]
 
 
 def unpack_bitplanes(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    shifts = _SHIFTS.to(packed.device)
+    """Table look-ups, two planes per look-up (index_select: far faster than advanced indexing on CPU)."""
+    one, two = _spread_tables(packed.device)
     out = None
-    for k in range(bits):
-        b = ((packed[k].unsqueeze(-1) >> shifts) & 1) << k
-        out = b if out is None else out | b
-    return out.reshape(*packed.shape[1:-1], packed.shape[-1] * 8)
+    for k in range(0, bits, 2):
+        if k + 1 < bits:
+            x = two.index_select(0, (packed[k].int() | (packed[k + 1].int() << 8)).reshape(-1))
+        else:
+            x = one.index_select(0, packed[k].int().reshape(-1))
+        if k:
+            x <<= k
+        out = x if out is None else out.bitwise_or_(x)
+    return out.view(torch.uint8).view(*packed.shape[1:-1], packed.shape[-1] * 8)
 
 
 def quantize_pack_tokens(x: torch.Tensor, bits: int, group: int):
     """Per-token asymmetric quantization over groups of `group` channels, packed (KIVI values).
 
-    x [N, D] -> codes [bits, N, D // 8] uint8, scale and zero [N, D // group] fp16 (codes from the
-    exact fp32 statistics, as quant.py does).
+    x [N, D] -> codes [bits, N, D // 8] uint8, scale and zero [N, D // group] fp16. Codes come from
+    the exact fp32 statistics, as quant.py computes them, so the runtime stores what the profile measured.
     """
     n, d = x.shape
     xg = x.float().reshape(n, d // group, group)
@@ -44,6 +64,37 @@ def quantize_pack_tokens(x: torch.Tensor, bits: int, group: int):
     return pack_bitplanes(codes, bits), scale.squeeze(-1).half(), mn.squeeze(-1).half()
 
 
+def quantize_pack_channels(x: torch.Tensor, bits: int, group: int):
+    """Per-channel asymmetric quantization over groups of `group` tokens, packed (KIVI keys).
+
+    x [N, T, D] (T a multiple of `group`) -> codes [bits, N, T, D // 8] uint8, scale and zero
+    [N, T // group, D] fp16, from the exact fp32 statistics.
+    """
+    n, t, d = x.shape
+    xg = x.float().reshape(n, t // group, group, d)
+    mn, mx = xg.amin(2, keepdim=True), xg.amax(2, keepdim=True)
+    scale = (mx - mn) / (2**bits - 1)
+    inv = torch.where(scale > 0, 1.0 / torch.where(scale > 0, scale, 1.0), torch.zeros_like(scale))
+    codes = torch.floor((xg - mn) * inv + 0.5).clamp(0, 2**bits - 1).reshape(n, t, d)
+    return pack_bitplanes(codes, bits), scale.squeeze(2).half(), mn.squeeze(2).half()
+
+
+def dequantize_channels(codes, scale, zero, bits: int, group: int) -> torch.Tensor:
+    """codes [bits, B, H, T, D // 8], scale / zero [B, H, T // group, D] -> float32 [B, H, T, D]."""
+    u = unpack_bitplanes(codes, bits)
+    b, h, t, d = u.shape
+    out = torch.addcmul(zero.float().unsqueeze(3), u.float().view(b, h, t // group, group, d), scale.float().unsqueeze(3))
+    return out.view(b, h, t, d)
+
+
+def dequantize_tokens(codes, scale, zero, bits: int, group: int) -> torch.Tensor:
+    """codes [bits, B, H, T, D // 8], scale / zero [B, H, T, D // group] -> float32 [B, H, T, D]."""
+    u = unpack_bitplanes(codes, bits)
+    b, h, t, d = u.shape
+    out = torch.addcmul(zero.float().unsqueeze(-1), u.float().view(b, h, t, d // group, group), scale.float().unsqueeze(-1))
+    return out.view(b, h, t, d)
+
+
 def decode_attention(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_tail, v_tail, *,
                      bits_k: int, bits_v: int, group_k: int, group_v: int, scaling: float) -> torch.Tensor:
     """One query per sequence over a packed cache: keys per channel (groups of `group_k` tokens),
@@ -51,16 +102,22 @@ def decode_attention(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_ta
 
     q [B, Hq, D]; k_codes / v_codes [bits, B, Hkv, T, D // 8]; k_scale / k_zero [B, Hkv, T // group_k, D];
     v_scale / v_zero [B, Hkv, T, D // group_v]; k_tail / v_tail [B, Hkv, Tt, D]. Returns [B, Hq, D] fp32.
+    Query heads share their KV head by a reshape, not a copy of the cache.
     """
-    b, hkv, t = k_codes.shape[1:4]
-    d = q.shape[-1]
-    k = unpack_bitplanes(k_codes, bits_k).float()  # [B, Hkv, T, D]
-    k = k * k_scale.float().repeat_interleave(group_k, dim=2) + k_zero.float().repeat_interleave(group_k, dim=2)
-    v = unpack_bitplanes(v_codes, bits_v).float().reshape(b, hkv, t, d // group_v, group_v)
-    v = (v * v_scale.float()[..., None] + v_zero.float()[..., None]).reshape(b, hkv, t, d)
-    k = torch.cat([k, k_tail.float()], dim=2)
-    v = torch.cat([v, v_tail.float()], dim=2)
-    rep = q.shape[1] // hkv
-    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    p = torch.softmax(torch.einsum("bhd,bhtd->bht", q.float(), k) * scaling, dim=-1)
-    return torch.einsum("bht,bhtd->bhd", p, v)
+    b, hq, d = q.shape
+    hkv, t = k_codes.shape[2], k_codes.shape[3]
+    rep, ng = hq // hkv, d // group_v
+    qg = q.float().reshape(b, hkv, rep, d)
+    k = dequantize_channels(k_codes, k_scale, k_zero, bits_k, group_k)
+    s_body = torch.matmul(qg, k.transpose(-1, -2))
+    s_tail = torch.matmul(qg, k_tail.float().transpose(-1, -2))
+    p = torch.softmax(torch.cat([s_body, s_tail], dim=-1) * scaling, dim=-1)
+    pb = p[..., :t]
+    # values: the per-token scales go into the probabilities (one row per channel group), so the codes
+    # enter the matmul as they are, with no scaled copy of the cache
+    ps = (pb.unsqueeze(-2) * v_scale.float().transpose(-1, -2).unsqueeze(2)).reshape(b, hkv, rep * ng, t)
+    m = torch.matmul(ps, unpack_bitplanes(v_codes, bits_v).float()).view(b, hkv, rep, ng, ng, group_v)
+    out = torch.diagonal(m, dim1=3, dim2=4).transpose(-1, -2).reshape(b, hkv, rep, d)
+    out = out + torch.matmul(pb, v_zero.float()).repeat_interleave(group_v, dim=-1)
+    out = out + torch.matmul(p[..., t:], v_tail.float())
+    return out.reshape(b, hq, d)

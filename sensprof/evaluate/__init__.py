@@ -1,0 +1,7 @@
+"""`sensprof eval`: long-context probes (retrieval, passkey) and perplexity through the runtime cache."""
+
+from .run import eval_configs, evaluate, format_eval
+from .tasks import TASKS, Sample, build_sample, parse_depths, parse_lengths, score
+
+__all__ = ["TASKS", "Sample", "build_sample", "eval_configs", "evaluate", "format_eval", "parse_depths",
+           "parse_lengths", "score"]

@@ -1,0 +1,273 @@
+"""The numbers each report figure plots, extracted from the profile, stats, sweep and plan tables.
+
+Pure pandas (no matplotlib, no torch): every function returns exactly what its figure draws, so the tests
+can check the figures' numbers against the CSV files directly.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pandas as pd
+
+from ..errors import SensprofError
+from ..memory import bits_per_element
+from ..plan import Plan, load_plan, predicted_summary
+from ..schemes import get_scheme
+from ..summary import REFERENCE_SCHEMES
+
+METRICS = {
+    "kl": "KL(baseline ‖ quantized) of the next token, mean per token",
+    "dnll": "ΔNLL of the next token (nats per token)",
+    "attn_kl": "KL of the layer's attention probabilities",
+    "out_rel_l2": "relative L2 error of the layer's attention output",
+}
+STATS_TENSORS = {"K_pre": "K before RoPE", "K": "K after RoPE", "V": "V"}
+SWEEP_COLUMNS = ["budget_avg_bits", "avg_bits", "predicted_damage", "plan"]
+
+
+def check_metric(metric: str) -> str:
+    if metric not in METRICS:
+        raise SensprofError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}")
+    return metric
+
+
+def scheme_order(table, tensor: str | None = None) -> list[str]:
+    """The profile's schemes (of one tensor, or all), cheapest first, ties by name."""
+    t = table if tensor is None else table[table.tensor == tensor]
+    bits = t.groupby("scheme").bits.first()
+    return sorted(bits.index, key=lambda s: (float(bits[s]), s))
+
+
+def damage_matrix(table, tensor: str, metric: str = "kl"):
+    """Heatmap data: rows = layers (ascending), columns = the schemes profiled for `tensor` (cheapest first)."""
+    check_metric(metric)
+    t = table[table.tensor == tensor]
+    m = t.pivot_table(index="layer", columns="scheme", values=metric, aggfunc="first")
+    m = m.reindex(index=sorted(table.layer.unique()), columns=scheme_order(table, tensor))
+    m.index.name, m.columns.name = "layer", "scheme"
+    return m.astype(float)
+
+
+def scheme_bits(table) -> dict[str, float]:
+    """Bits per element of each profiled scheme, as the profile recorded them."""
+    return {s: float(b) for s, b in table.groupby("scheme").bits.first().items()}
+
+
+def common_schemes(table) -> list[str]:
+    """Schemes profiled for both K and V (in scheme_order)."""
+    return [s for s in scheme_order(table) if set(table[table.scheme == s].tensor) >= {"K", "V"}]
+
+
+def pick_reference_scheme(table, scheme: str | None = None) -> str:
+    """The scheme the K-vs-V figure compares at: the given one (checked), else a common default."""
+    both = common_schemes(table)
+    if scheme is not None:
+        if scheme not in both:
+            where = "was profiled for K only" if scheme in set(table.scheme) else "is not in the profile"
+            raise SensprofError(f"--reference-scheme {scheme!r} {where}; pass one profiled for both K and V: "
+                                f"{', '.join(both) or '(none)'}")
+        return scheme
+    for s in REFERENCE_SCHEMES:
+        if s in both:
+            return s
+    if not both:
+        raise SensprofError("the profile has no scheme measured for both K and V, so K and V cannot be compared; "
+                            "re-profile with a scheme that applies to both (e.g. int4_per_token_head)")
+    return both[0]
+
+
+def layer_kinds(table) -> pd.Series:
+    """layer -> 'full' / 'sliding' (the profile's `layer_kind` column)."""
+    return table.groupby("layer").layer_kind.first().sort_index()
+
+
+def kv_sensitivity(table, scheme: str, metric: str = "kl"):
+    """Per layer at one scheme: K damage, V damage and K/V (NaN where either is <= 0)."""
+    check_metric(metric)
+    t = table[table.scheme == scheme]
+    k = t[t.tensor == "K"].set_index("layer")[metric]
+    v = t[t.tensor == "V"].set_index("layer")[metric]
+    df = pd.DataFrame({"layer_kind": layer_kinds(table), "K": k, "V": v})
+    df.index.name = "layer"
+    ok = (df.K > 0) & (df.V > 0)
+    df["K_over_V"] = (df.K / df.V).where(ok)
+    return df.reset_index()
+
+
+def outlier_ratios(stats):
+    """Per layer: channel outlier ratio (max/median of per-channel absmax) of K before / after RoPE and of V."""
+    missing = {"layer", "layer_kind", "tensor", "outlier_ratio"} - set(stats.columns)
+    if missing:
+        raise SensprofError(f"stats.csv lacks columns {', '.join(sorted(missing))}; re-run `sensprof profile`")
+    wide = stats.pivot_table(index="layer", columns="tensor", values="outlier_ratio", aggfunc="first")
+    kinds = stats.groupby("layer").layer_kind.first()
+    df = pd.DataFrame({"layer_kind": kinds})
+    for t in STATS_TENSORS:
+        df[t] = wide[t].astype(float) if t in wide.columns else float("nan")
+    df.index.name = "layer"
+    return df.sort_index().reset_index()
+
+
+# --------------------------------------------------------------------------- configurations (uniform, plans)
+
+
+def _layer_shapes(meta) -> list[SimpleNamespace]:
+    return [SimpleNamespace(layer=i["index"], kv_heads=i["kv_heads"], head_dim=i["head_dim"]) for i in meta["layers"]]
+
+
+def config_bits(meta, pairs) -> float:
+    """Average stored bits per element (memory.py's formula, via plan.predicted_summary) of per-layer pairs."""
+    layers = [SimpleNamespace(k_scheme=k, v_scheme=v, kv_heads=s.kv_heads, head_dim=s.head_dim)
+              for s, (k, v) in zip(_layer_shapes(meta), pairs)]
+    return predicted_summary(layers)["avg_bits"]
+
+
+def predicted_kl(table, pairs) -> float:
+    """Sum of the profile's per-layer KL for per-layer (K, V) schemes ('none' costs 0); NaN if a cell is missing."""
+    idx = table.set_index(["layer", "tensor", "scheme"]).kl
+    total = 0.0
+    for layer, (k, v) in enumerate(pairs):
+        for tensor, s in (("K", k), ("V", v)):
+            if s == "none":
+                continue
+            if (layer, tensor, s) not in idx.index:
+                return float("nan")
+            total += float(idx.loc[(layer, tensor, s)])
+    return total
+
+
+def uniform_pairs(table) -> dict[str, tuple[str, str]]:
+    """Uniform configurations the profile can predict: each scheme on K and V, and KIVI pairs (int<b>_c<G> keys,
+    int<b>_t<G> values)."""
+    out = {f"uniform {s}": (s, s) for s in common_schemes(table)}
+    ks, vs = set(table[table.tensor == "K"].scheme), set(table[table.tensor == "V"].scheme)
+    for k in scheme_order(table, "K"):
+        sch = get_scheme(k)
+        if sch.granularity == "channel" and sch.format == "int" and not (sch.pre_rope or sch.residual or sch.sink):
+            v = k.replace("_c", "_t", 1)
+            if v in vs and k in ks:
+                out[f"uniform KIVI-{sch.bits} ({k} / {v})"] = (k, v)
+    return out
+
+
+def uniform_configs(table, meta):
+    """Uniform configurations: avg bits and predicted KL (sum over layers of the profile's KL)."""
+    n = len(meta["layers"])
+    rows = [{"config": name, "k_scheme": k, "v_scheme": v, "avg_bits": config_bits(meta, [(k, v)] * n),
+             "predicted_kl": predicted_kl(table, [(k, v)] * n)} for name, (k, v) in uniform_pairs(table).items()]
+    df = pd.DataFrame(rows, columns=["config", "k_scheme", "v_scheme", "avg_bits", "predicted_kl"])
+    return df.sort_values(["avg_bits", "config"]).reset_index(drop=True)
+
+
+def plan_strip(plan: Plan):
+    """The plan per layer: K and V scheme and their bits per element (memory.bits_per_element)."""
+    rows = [{"layer": p.layer, "layer_kind": p.kind, "k_scheme": p.k_scheme, "v_scheme": p.v_scheme,
+             "k_bits": bits_per_element(get_scheme(p.k_scheme), p.head_dim),
+             "v_bits": bits_per_element(get_scheme(p.v_scheme), p.head_dim),
+             "k_damage": p.k_damage, "v_damage": p.v_damage} for p in plan.layers]
+    return pd.DataFrame(rows)
+
+
+def validation_path(plan_path: str) -> str:
+    """Where `sensprof validate` writes its table by default: beside the plan."""
+    return os.path.splitext(plan_path)[0] + ".validation.csv"
+
+
+def check_plan_matches(plan: Plan, meta, where: str) -> None:
+    fp = meta["model"]["fingerprint"]
+    if plan.model_fingerprint != fp:
+        raise SensprofError(
+            f"plan {where!r} was made for model {plan.model_id} (fingerprint {plan.model_fingerprint}), the profile is "
+            f"of {meta['model']['id']} (fingerprint {fp}); pass plans made from this profile's model")
+    if len(plan.layers) != len(meta["layers"]):
+        raise SensprofError(f"plan {where!r} has {len(plan.layers)} layers, the profile {len(meta['layers'])}; "
+                            "pass plans made from this profile")
+
+
+def load_report_plan(path: str, meta) -> Plan:
+    plan = load_plan(path)
+    check_plan_matches(plan, meta, path)
+    return plan
+
+
+def plan_damage(plan: Plan, plan_path: str, table, meta):
+    """Predicted (and, if `sensprof validate` wrote its CSV beside the plan, measured) KL of the plan and of
+    uniform configurations. Returns (DataFrame config/avg_bits/predicted_kl/measured_kl, validation path or None).
+
+    Predicted KL is the sum of the profile's per-layer KL; with a validation CSV both columns are that file's
+    (measured on windows the profile did not use)."""
+    vpath = validation_path(plan_path)
+    cols = ["config", "avg_bits", "predicted_kl", "measured_kl"]
+    if os.path.isfile(vpath):
+        try:
+            v = pd.read_csv(vpath)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+            raise SensprofError(f"{vpath!r} is corrupt; re-run `sensprof validate {plan_path}`") from None
+        missing = set(cols) - set(v.columns)
+        if missing or "plan" not in set(v.config):
+            raise SensprofError(f"{vpath!r} is not a `sensprof validate` table (lacks "
+                                f"{', '.join(sorted(missing)) or 'the plan row'}); re-run `sensprof validate {plan_path}`")
+        df = v[cols].copy()
+        df = pd.concat([df[df.config == "plan"], df[df.config != "plan"]])
+        return df.reset_index(drop=True).astype({"avg_bits": float, "predicted_kl": float, "measured_kl": float}), vpath
+    pairs = [(p.k_scheme, p.v_scheme) for p in plan.layers]
+    rows = [{"config": "plan", "avg_bits": plan.predicted["avg_bits"], "predicted_kl": predicted_kl(table, pairs),
+             "measured_kl": float("nan")}]
+    u = uniform_configs(table, meta)
+    rows += [{"config": r.config, "avg_bits": r.avg_bits, "predicted_kl": r.predicted_kl, "measured_kl": float("nan")}
+             for r in u.itertuples()]
+    return pd.DataFrame(rows, columns=cols), None
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def _sweep_plan(path: str, sweep_dir: str) -> Plan | None:
+    for p in (path, os.path.join(sweep_dir, os.path.basename(str(path)))):
+        if isinstance(p, str) and os.path.isfile(p):
+            try:
+                return load_plan(p)
+            except SensprofError:
+                return None
+    return None
+
+
+def sweep_points(sweep_dir: str, table, meta):
+    """A sweep directory's plans: target, avg bits, predicted KL, measured KL (NaN without --validate), frontier.
+
+    The target and objective come from the plan files; with an objective other than KL the predicted KL is
+    recomputed from the profile, so it can sit beside the measured KL."""
+    if not os.path.isdir(sweep_dir):
+        raise SensprofError(f"sweep directory {sweep_dir!r} does not exist; write one with "
+                            "`sensprof sweep PROFILE_DIR --out DIR`")
+    csv = os.path.join(sweep_dir, "sweep.csv")
+    if not os.path.isfile(csv):
+        raise SensprofError(f"{sweep_dir!r} holds no sweep.csv; pass a directory written by `sensprof sweep`")
+    try:
+        df = pd.read_csv(csv)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+        raise SensprofError(f"{csv!r} is corrupt; re-run `sensprof sweep`") from None
+    missing = set(SWEEP_COLUMNS) - set(df.columns)
+    if missing:
+        raise SensprofError(f"{csv!r} lacks columns {', '.join(sorted(missing))}; re-run `sensprof sweep`")
+    rows = []
+    for r in df.itertuples():
+        plan = _sweep_plan(r.plan, sweep_dir)
+        target, objective = (plan.target, plan.objective) if plan else (None, "kl")
+        if plan is not None:
+            check_plan_matches(plan, meta, str(r.plan))
+        pred = float(r.predicted_damage)
+        if objective != "kl":
+            pred = predicted_kl(table, [(p.k_scheme, p.v_scheme) for p in plan.layers])
+        rows.append({"target": target, "objective": objective, "budget_avg_bits": float(r.budget_avg_bits),
+                     "avg_bits": float(r.avg_bits), "predicted_kl": pred,
+                     "measured_kl": float(getattr(r, "measured_kl", float("nan"))),
+                     "engine": str(getattr(r, "engine", "")), "frontier": bool(getattr(r, "frontier", True))})
+    out = pd.DataFrame(rows)
+    if out.empty:
+        raise SensprofError(f"{csv!r} has no rows; re-run `sensprof sweep` with feasible --avg-bits")
+    known = out.target.dropna()
+    out["target"] = known.iloc[0] if len(known) else os.path.basename(os.path.normpath(sweep_dir))
+    return out.sort_values("avg_bits").reset_index(drop=True)
