@@ -235,3 +235,20 @@ def test_generate_cli_prints_text_bytes_and_speed(tiny_model_dir, tmp_path, caps
     if not torch.cuda.is_available():
         line = one_error_line(*run_cli(capsys, "generate", "--plan", plan, "--prompt", "x", "--device", "cuda"))
         assert "CUDA is not available" in line
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3"])
+def test_packed_decode_only_where_attention_reads_through_the_interface(arch, monkeypatch):
+    """The six families hand cached K/V straight to the attention interface; a model whose attention uses
+    the cache's tensors itself keeps its own attention and gets tensors."""
+    import sensprof.runtime.cache as cache_mod
+    from sensprof.runtime.attention import reads_through_interface
+
+    model = make_tiny_model(arch)
+    assert reads_through_interface(model)
+    plan = _plan(model, [("int4_c32", "int4_t32")] * len(describe_layers(model)), [{}] * len(describe_layers(model)))
+    monkeypatch.setattr(cache_mod, "reads_through_interface", lambda m: False)
+    cache = PlannedCache.from_plan(plan, model)
+    assert model.config._attn_implementation == "eager" and not any(layer.packed for layer in cache.layers)
+    ids = torch.randint(3, 300, (1, 40), generator=torch.Generator().manual_seed(6))
+    assert torch.isfinite(_decode(model, cache, ids)).all()

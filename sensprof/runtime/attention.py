@@ -86,6 +86,21 @@ def use_planned_attention(model) -> str:
     return name
 
 
+def reads_through_interface(model) -> bool:
+    """True when every attention module hands its cached K/V straight to transformers' attention interface
+    (the modeling code of the families sensprof targets); others must get tensors from the cache."""
+    import inspect
+
+    from ..models import decoder_layers
+
+    try:
+        sources = {type(layer.self_attn): inspect.getsource(type(layer.self_attn).forward)
+                   for layer in decoder_layers(model)}
+    except (AttributeError, OSError, TypeError):
+        return False
+    return all("ALL_ATTENTION_FUNCTIONS" in src for src in sources.values())
+
+
 def masks_nothing(attention_mask) -> bool:
     """True when a decode step's mask hides no cached token (the kernel reads every token)."""
     if attention_mask is None:

@@ -12,7 +12,12 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from ..errors import SensprofError
 from ..schemes import get_scheme
-from .attention import PackedKV, masks_nothing, use_planned_attention
+from .attention import (
+    PackedKV,
+    masks_nothing,
+    reads_through_interface,
+    use_planned_attention,
+)
 from .kernels import select
 from .store import TensorStore, runtime_problem
 
@@ -149,8 +154,9 @@ class PlannedCache(Cache):
                                         "re-plan without it")
             layers.append(PlannedLayer(p.k_scheme, p.v_scheme, p.absmax,
                                        p.window if p.kind == "sliding" else None, kernels))
-        if model is not None and packed_decode:
+        if model is not None:
             select(kernels, next(model.parameters()).device)  # a preference that cannot run fails here, in one line
+        if model is not None and packed_decode and reads_through_interface(model):
             use_planned_attention(model)
             for layer in layers:
                 layer.packed = True
