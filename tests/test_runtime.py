@@ -252,3 +252,28 @@ def test_packed_decode_only_where_attention_reads_through_the_interface(arch, mo
     assert model.config._attn_implementation == "eager" and not any(layer.packed for layer in cache.layers)
     ids = torch.randint(3, 300, (1, 40), generator=torch.Generator().manual_seed(6))
     assert torch.isfinite(_decode(model, cache, ids)).all()
+
+
+def test_a_head_dim_the_triton_tiles_cannot_span_is_read_densely():
+    import types
+
+    import transformers as tf
+
+    from sensprof.runtime.kernels import reference
+
+    cfg, _ = tiny_config("llama")
+    cfg = tf.LlamaConfig(**{**cfg.to_dict(), "head_dim": 24, "num_hidden_layers": 1})
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(cfg).eval()
+    plan = _plan(model, [("int4_c32", "int4_t32")], [{}])
+    ids = torch.randint(3, 300, (1, 48), generator=torch.Generator().manual_seed(7))
+    steps = {}
+    for name, ops in (("reference", reference),
+                      ("triton-like", types.SimpleNamespace(NEEDS_POWER_OF_TWO_HEAD_DIM=True,
+                                                            decode_attention=reference.decode_attention))):
+        cache = PlannedCache.from_plan(plan, model, kernels="reference")
+        cache.layers[0].lazy_initialization(torch.zeros(1), None)
+        cache.layers[0].kernels = ops
+        _decode(model, cache, ids)
+        steps[name] = cache.layers[0].packed_steps
+    assert steps["reference"] > 0 and steps["triton-like"] == 0

@@ -81,11 +81,13 @@ class PlannedLayer(DynamicLayer):
         b = a + (min(k0 + nk, v0 + nv) - a) // gk * gk
         if b <= a:
             return None
+        d = query.shape[-1]
+        if getattr(self.kernels, "NEEDS_POWER_OF_TWO_HEAD_DIM", False) and d & (d - 1):
+            return None  # Triton tiles span the head dim (tl.arange): 64 and 128 are fine, 80 or 96 are not
         t = self.k_store.seq_length()
         k_tail = torch.cat([self.k_store.dense_range(0, a), self.k_store.dense_range(b, t)], dim=-2)
         v_tail = torch.cat([self.v_store.dense_range(0, a), self.v_store.dense_range(b, t)], dim=-2)
         ka, kb, va, vb = (a - k0) // gk, (b - k0) // gk, a - v0, b - v0
-        d = query.shape[-1]
         out = self.kernels.decode_attention(
             query[:, :, 0], qk.codes[:, :, :, ka * gk:kb * gk], qk.scale[:, :, ka:kb], qk.zero[:, :, ka:kb],
             qv.codes[:, :, :, va:vb], qv.scale[:, :, va:vb], qv.zero[:, :, va:vb], k_tail, v_tail,

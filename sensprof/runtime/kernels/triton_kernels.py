@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+NEEDS_POWER_OF_TWO_HEAD_DIM = True  # tiles span the head dim; other head dims are read densely
+
 
 @triton.jit
 def _pack_kernel(codes_ptr, out_ptr, n_rows, D: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr):
