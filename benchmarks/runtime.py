@@ -1,9 +1,10 @@
 """Decode speed and cache bytes of the planned cache vs transformers' caches, on smollm2-135m (CPU).
 
-For each context length: prefill that many corpus tokens, then decode --steps tokens greedily, and
-print decode tokens/s and the cache's bytes, for DynamicCache (bf16-equivalent bytes reported as
-stored), transformers' QuantizedCache (quanto and hqq backends, 4-bit) and PlannedCache (a uniform
-4-bit plan and, with --plan, a plan of yours).
+For each context length: prefill that many corpus tokens into every cache, then decode --steps tokens
+greedily, one step of each cache in turn (so a change in the machine's speed during the run hits every
+cache alike), and print decode tokens/s and the cache's bytes, for DynamicCache (bytes as stored),
+transformers' QuantizedCache (quanto and hqq backends, 4-bit) and PlannedCache (a uniform 4-bit plan and,
+with --plan, a plan of yours).
     python benchmarks/runtime.py [--contexts 1024,4096,8128] [--steps 16] [--plan plans/kivi4-memory.json]
 """
 
@@ -55,6 +56,33 @@ def run(model, kw, make_cache, ids, steps):
     return steps / (time.perf_counter() - t0), cache_bytes(cache)
 
 
+@torch.inference_mode()
+def run_interleaved(model, kw, caches, ids, steps):
+    """Prefill every cache, then one decode step of each in turn: name -> (tokens/s, bytes) or the error."""
+    state, spent, results = {}, {}, {}
+    for name, make in caches.items():
+        try:
+            cache = make()
+            nxt = model(ids, use_cache=True, **{kw: cache}).logits[:, -1:].argmax(-1)
+            state[name], spent[name] = (cache, nxt), 0.0
+        except Exception as e:  # a backend missing or failing is reported, not fatal
+            results[name] = e
+    for _ in range(steps):
+        for name in list(state):
+            cache, nxt = state[name]
+            try:
+                t0 = time.perf_counter()
+                nxt = model(nxt, use_cache=True, **{kw: cache}).logits[:, -1:].argmax(-1)
+                spent[name] += time.perf_counter() - t0
+                state[name] = (cache, nxt)
+            except Exception as e:
+                results[name] = e
+                del state[name]
+    for name, (cache, _) in state.items():
+        results[name] = (steps / spent[name], cache_bytes(cache))
+    return {name: results[name] for name in caches}
+
+
 def main():
     from transformers import DynamicCache, QuantizedCache
 
@@ -92,12 +120,12 @@ def main():
     print(f"{'cache':<44}{'context':>8}{'tokens/s':>10}{'cache MiB':>11}")
     for n in (int(x) for x in args.contexts.split(",")):
         ids = load_windows(loaded.tokenizer, None, seq_len=n, windows=1, seed=0)[0]
-        for name, make in caches.items():
-            try:
-                tps, nbytes = run(model, kw, make, ids, args.steps)
-                print(f"{name:<44}{n:>8}{tps:>10.2f}{nbytes / 2**20:>11.2f}", flush=True)
-            except Exception as e:  # a backend missing or failing is reported, not fatal
-                print(f"{name:<44}{n:>8}  failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}", flush=True)
+        for name, result in run_interleaved(model, kw, caches, ids, args.steps).items():
+            if isinstance(result, Exception):
+                print(f"{name:<44}{n:>8}  failed: {type(result).__name__}: {str(result).splitlines()[0][:80]}",
+                      flush=True)
+            else:
+                print(f"{name:<44}{n:>8}{result[0]:>10.2f}{result[1] / 2**20:>11.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     ge.add_argument("--device", default="auto", help="cpu, cuda or auto")
     ge.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
     ge.add_argument("--kernels", default="auto",
-                    help="auto (Triton on a GPU, else the PyTorch reference) | triton | reference")
+                    help="auto (Triton on a GPU, compiled C on the CPU, else the PyTorch reference) | triton | cpu | reference")
 
     rp = sub.add_parser("report", help="figures (PNG) and one self-contained HTML page from a profile, plans, sweeps")
     rp.add_argument("profile_dir", help="directory written by `sensprof profile`")

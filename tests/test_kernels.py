@@ -60,10 +60,14 @@ def test_reference_decode_attention_equals_dense_attention_over_the_dequantized_
 
 
 def test_kernel_selection():
+    from sensprof.runtime.kernels import cpu_kernels
+
     assert select("reference") is reference
-    assert select("auto", "cpu") is reference
+    assert select("auto", "cpu") is (cpu_kernels if cpu_kernels.available() is None else reference)
     with pytest.raises(SensprofError):
         select("fastest")
+    with pytest.raises(SensprofError, match="read CPU tensors"):
+        select("cpu", "cuda:0")
 
 
 @needs_triton
@@ -193,7 +197,7 @@ def test_triton_absent_on_a_gpu_falls_back_to_the_reference_with_one_warning(mon
     from sensprof.runtime import kernels
 
     monkeypatch.setattr(kernels, "triton_available", lambda: False)
-    monkeypatch.setattr(kernels, "_warned", False)
+    monkeypatch.setattr(kernels, "_warned", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert kernels.select("auto", "cuda") is reference

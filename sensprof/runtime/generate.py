@@ -37,5 +37,5 @@ def generate_with_plan(model, tokenizer, plan, prompts: list[str], max_new_token
 
 
 def _kernel_name(cache) -> str:
-    used = {layer.kernels.__name__.rsplit(".", 1)[-1] for layer in cache.layers if layer.kernels is not None}
+    used = {layer.kernels.NAME for layer in cache.layers if layer.kernels is not None}
     return "/".join(sorted(used)) or "no"

@@ -19,7 +19,7 @@ from ..quant import (
     ungroup_last,
 )
 from ..schemes import QuantScheme
-from .kernels import pack_bitplanes, select, unpack_bitplanes
+from .kernels import pack_bitplanes, select
 
 
 def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
@@ -154,28 +154,20 @@ class TensorStore:
         if s.granularity == "channel":  # whole groups of G tokens, then trimmed
             g = s.group
             g0, g1 = lo // g, -(-hi // g)
-            f = unpack_bitplanes(q.codes[:, :, :, g0 * g:g1 * g], s.bits).float()
+            codes = q.codes[:, :, :, g0 * g:g1 * g]
         else:
-            f = unpack_bitplanes(q.codes[:, :, :, lo:hi], s.bits).float()
-        if s.codec == "absmax":
-            f.sub_(2 ** (s.bits - 1) - 1)
-        elif s.codec == "signed_max":
-            f.sub_(2 ** (s.bits - 1))
-        b, h, n, d = f.shape
+            codes = q.codes[:, :, :, lo:hi]
+        offset = {"absmax": 2 ** (s.bits - 1) - 1, "signed_max": 2 ** (s.bits - 1)}.get(s.codec, 0)
+        ops = self._kernels(codes.device)
         if s.granularity == "token":
-            ng = q.scale.shape[-1]
-            fg = f.view(b, h, n, ng, d // ng)
-            fg.mul_(q.scale[:, :, lo:hi].float().unsqueeze(-1))
-            if q.zero is not None:
-                fg.add_(q.zero[:, :, lo:hi].float().unsqueeze(-1))
-            return f
+            zero = None if q.zero is None else q.zero[:, :, lo:hi]
+            return ops.dequantize_tokens(codes, q.scale[:, :, lo:hi], zero, s.bits,
+                                         codes.shape[-1] * 8 // q.scale.shape[-1], offset)
         if s.granularity == "channel":
-            fg = f.view(b, h, g1 - g0, s.group, d)
-            fg.mul_(q.scale[:, :, g0:g1].float().unsqueeze(3))
-            if q.zero is not None:
-                fg.add_(q.zero[:, :, g0:g1].float().unsqueeze(3))
+            zero = None if q.zero is None else q.zero[:, :, g0:g1]
+            f = ops.dequantize_channels(codes, q.scale[:, :, g0:g1], zero, s.bits, s.group, offset)
             return f[:, :, lo - g0 * s.group:hi - g0 * s.group]
-        return f.mul_(q.scale.float())
+        return ops.unpack_float(codes, s.bits, offset).mul_(q.scale.float())
 
     def dense(self) -> torch.Tensor:
         """Every held token, dequantized, in the model dtype: [B, H, T, D]."""

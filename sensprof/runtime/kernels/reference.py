@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+NAME = "reference"
 _SHIFTS = torch.arange(8, dtype=torch.uint8)
 _LUTS: dict = {}
 
@@ -49,6 +50,12 @@ def unpack_bitplanes(packed: torch.Tensor, bits: int) -> torch.Tensor:
     return out.view(torch.uint8).view(*packed.shape[1:-1], packed.shape[-1] * 8)
 
 
+def unpack_float(packed: torch.Tensor, bits: int, offset: float = 0.0) -> torch.Tensor:
+    """Codes as float32 minus `offset` (the codec's code offset): packed [bits, ..., D // 8] -> [..., D]."""
+    f = unpack_bitplanes(packed, bits).float()
+    return f.sub_(offset) if offset else f
+
+
 def quantize_pack_tokens(x: torch.Tensor, bits: int, group: int):
     """Per-token asymmetric quantization over groups of `group` channels, packed (KIVI values).
 
@@ -79,20 +86,25 @@ def quantize_pack_channels(x: torch.Tensor, bits: int, group: int):
     return pack_bitplanes(codes, bits), scale.squeeze(2).half(), mn.squeeze(2).half()
 
 
-def dequantize_channels(codes, scale, zero, bits: int, group: int) -> torch.Tensor:
-    """codes [bits, B, H, T, D // 8], scale / zero [B, H, T // group, D] -> float32 [B, H, T, D]."""
-    u = unpack_bitplanes(codes, bits)
+def dequantize_channels(codes, scale, zero, bits: int, group: int, offset: float = 0.0) -> torch.Tensor:
+    """codes [bits, B, H, T, D // 8], scale / zero (or None) [B, H, T // group, D] -> float32 [B, H, T, D]:
+    (code - offset) * scale + zero, offset being the codec's (absmax codes are stored shifted)."""
+    u = unpack_float(codes, bits, offset)
     b, h, t, d = u.shape
-    out = torch.addcmul(zero.float().unsqueeze(3), u.float().view(b, h, t // group, group, d), scale.float().unsqueeze(3))
-    return out.view(b, h, t, d)
+    ug = u.view(b, h, t // group, group, d)
+    if zero is None:
+        return ug.mul_(scale.float().unsqueeze(3)).view(b, h, t, d)
+    return torch.addcmul(zero.float().unsqueeze(3), ug, scale.float().unsqueeze(3)).view(b, h, t, d)
 
 
-def dequantize_tokens(codes, scale, zero, bits: int, group: int) -> torch.Tensor:
-    """codes [bits, B, H, T, D // 8], scale / zero [B, H, T, D // group] -> float32 [B, H, T, D]."""
-    u = unpack_bitplanes(codes, bits)
+def dequantize_tokens(codes, scale, zero, bits: int, group: int, offset: float = 0.0) -> torch.Tensor:
+    """codes [bits, B, H, T, D // 8], scale / zero (or None) [B, H, T, D // group] -> float32 [B, H, T, D]."""
+    u = unpack_float(codes, bits, offset)
     b, h, t, d = u.shape
-    out = torch.addcmul(zero.float().unsqueeze(-1), u.float().view(b, h, t, d // group, group), scale.float().unsqueeze(-1))
-    return out.view(b, h, t, d)
+    ug = u.view(b, h, t, d // group, group)
+    if zero is None:
+        return ug.mul_(scale.float().unsqueeze(-1)).view(b, h, t, d)
+    return torch.addcmul(zero.float().unsqueeze(-1), ug, scale.float().unsqueeze(-1)).view(b, h, t, d)
 
 
 def decode_attention(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_tail, v_tail, *,

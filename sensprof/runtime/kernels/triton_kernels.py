@@ -12,6 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
+# the dense read path: PyTorch's own GPU kernels do these well
+from .reference import dequantize_channels, dequantize_tokens, unpack_float  # noqa: F401
+
+NAME = "triton"
 NEEDS_POWER_OF_TWO_HEAD_DIM = True  # tiles span the head dim; other head dims are read densely
 
 

@@ -1,0 +1,556 @@
+/* Compiled CPU versions of the reference kernels (reference.py), same layouts, loaded by cpu_kernels.py.
+ *
+ * Why C: the PyTorch reference pays one full pass over the cache per op (unpack, scale, matmul, softmax);
+ * here one pass unpacks each token's bit-planes into registers and uses them at once, for every query head
+ * of the KV head. Plain C with ctypes (no torch headers) compiles in well under a second.
+ *
+ * Layouts (reference.py): bit-planes [bits, B, H, T, D/8] uint8; keys per channel: scale / zero
+ * [B, H, T/G, D] fp16; values per token: scale / zero [B, H, T, D/g] fp16. Strides are in elements, and
+ * the last dim of every tensor is contiguous. Quantization is bit-exact with the reference: it is built
+ * with -ffp-contract=off and no fast-math, so (x - mn) * inv + 0.5 rounds as PyTorch rounds it.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t SPREAD[256]; /* byte -> 8 bytes, byte i = bit i */
+#define SP_VBLOCK 64 /* value tokens whose weights are computed together */
+#define SP_MAXTHREADS 64
+#define SP_PARALLEL_WORK 4096 /* (sequences x KV heads x tokens) below which one thread is quicker */
+
+void sp_init(void) {
+    for (int b = 0; b < 256; b++) {
+        uint64_t w = 0;
+        for (int i = 0; i < 8; i++) w |= (uint64_t)((b >> i) & 1) << (8 * i);
+        SPREAD[b] = w;
+    }
+}
+
+#ifdef __F16C__
+#include <immintrin.h>
+static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+#else
+static inline float h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, f;
+    if (e == 0) {
+        float v = (float)m * (1.0f / 16777216.0f); /* zero or subnormal: m * 2^-24 */
+        return sign ? -v : v;
+    }
+    f = e == 31 ? (sign | 0x7f800000u | (m << 13)) : (sign | ((e + 112) << 23) | (m << 13));
+    float out;
+    memcpy(&out, &f, 4);
+    return out;
+}
+#endif
+
+static inline uint16_t f2h(float x) { /* round to nearest even, as torch's .half() */
+    uint32_t f;
+    memcpy(&f, &x, 4);
+    uint32_t sign = (f >> 16) & 0x8000u, a = f & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0)); /* inf, nan */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);                                  /* overflow */
+    if (a < 0x38800000u) {                                                                     /* subnormal */
+        if (a < 0x33000000u) return (uint16_t)sign;
+        uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+        uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((a - 0x38000000u) >> 13), rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+/* codes of one token: bits planes, plane stride ps, nb bytes per plane -> c[8 * nb] as floats */
+static inline void unpack_row(const uint8_t *p, int64_t ps, int bits, int64_t nb, float *c) {
+    for (int64_t j = 0; j < nb; j++) {
+        uint64_t w = 0;
+        for (int k = 0; k < bits; k++) w |= SPREAD[p[k * ps + j]] << k;
+        uint8_t b8[8];
+        memcpy(b8, &w, 8);
+        for (int i = 0; i < 8; i++) c[8 * j + i] = (float)b8[i];
+    }
+}
+
+static inline void pack_row(const uint8_t *codes, int bits, int64_t nb, uint8_t *out, int64_t ps) {
+    for (int k = 0; k < bits; k++)
+        for (int64_t j = 0; j < nb; j++) {
+            uint8_t v = 0;
+            for (int i = 0; i < 8; i++) v |= (uint8_t)(((codes[8 * j + i] >> k) & 1) << i);
+            out[k * ps + j] = v;
+        }
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SP_AVX2 1
+#define SP_MAXREP 8 /* query heads per KV head whose accumulators stay in registers */
+
+static inline __m256 unpack8(const uint8_t *p, int64_t ps, int bits) { /* 8 codes as floats */
+    uint64_t w = 0;
+    for (int k = 0; k < bits; k++) w |= SPREAD[p[k * ps]] << k;
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)w)));
+}
+
+static inline float hsum(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+static inline float hmax(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+static inline __m256 exp8(__m256 x) { /* Cephes expf: 2^n * poly(r), within 2 ulp; x below -87 gives ~0 */
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* x[i] = exp(x[i] - max x) in place; returns the sum, and the max in *max_out */
+static float softmax_unnormalised(float *x, int64_t n, float *max_out) {
+    float mx = -INFINITY, sum = 0.0f;
+    int64_t i = 0;
+#ifdef SP_AVX2
+    if (n >= 8) {
+        __m256 m = _mm256_loadu_ps(x);
+        for (i = 8; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+        mx = hmax(m);
+    }
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    const __m256 vm = _mm256_set1_ps(mx);
+    __m256 acc = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    sum = hsum(acc);
+#else
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    i = 0;
+#endif
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    *max_out = mx;
+    return sum;
+}
+
+/* scores of the tokens [t0, t1) of one key group: s[r * n + t] = (base[r] + qs[r] . codes[t]) * scaling */
+static void key_scores_generic(const uint8_t *kp, int64_t ts, int64_t ps, int bits, int64_t D, int64_t rep,
+                               int64_t n, int64_t t0, int64_t t1, const float *qs, const float *base, float scaling,
+                               float *s, float *c) {
+    for (int64_t t = t0; t < t1; t++) {
+        unpack_row(kp + t * ts, ps, bits, D / 8, c);
+        for (int64_t r = 0; r < rep; r++) s[r * n + t] = (base[r] + dot(qs + r * D, c, D)) * scaling;
+    }
+}
+
+/* acc[r] += w[(r * ng + group) * SP_VBLOCK + t - t0] * codes[t] for the value tokens [t0, t1) */
+static void values_generic(const uint8_t *vp, int64_t ts, int64_t ps, int bits, int64_t D, int64_t gv, int64_t rep,
+                           int64_t t0, int64_t t1, const float *w, float *acc, float *c) {
+    const int64_t ng = D / gv;
+    for (int64_t t = t0; t < t1; t++) {
+        unpack_row(vp + t * ts, ps, bits, D / 8, c);
+        for (int64_t r = 0; r < rep; r++)
+            for (int64_t grp = 0; grp < ng; grp++) {
+                const float wg = w[(r * ng + grp) * SP_VBLOCK + t - t0];
+                float *a = acc + r * D + grp * gv;
+                const float *cg = c + grp * gv;
+#pragma omp simd
+                for (int64_t i = 0; i < gv; i++) a[i] += wg * cg[i];
+            }
+    }
+}
+
+#ifdef SP_AVX2
+/* The same loops with the query-head count REP a constant after inlining (one switch case per count), so
+ * the per-head accumulators live in registers rather than memory. */
+static inline __attribute__((always_inline)) void key_scores_avx2(
+    const uint8_t *kp, int64_t ts, int64_t ps, int bits, int64_t D, const int REP, int64_t n, int64_t t0,
+    int64_t t1, const float *qs, const float *base, float scaling, float *s) {
+    for (int64_t t = t0; t < t1; t++) {
+        __m256 acc[SP_MAXREP];
+        for (int r = 0; r < REP; r++) acc[r] = _mm256_setzero_ps();
+        const uint8_t *row = kp + t * ts;
+        for (int64_t j = 0; j < D / 8; j++) {
+            const __m256 cv = unpack8(row + j, ps, bits);
+            for (int r = 0; r < REP; r++) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + r * D + 8 * j), cv, acc[r]);
+        }
+        for (int r = 0; r < REP; r++) s[r * n + t] = (base[r] + hsum(acc[r])) * scaling;
+    }
+}
+
+/* values, eight channels at a time over the block of tokens (accumulators stay in registers) */
+static inline __attribute__((always_inline)) void values_avx2(
+    const uint8_t *vp, int64_t ts, int64_t ps, int bits, int64_t D, int64_t gv, const int REP, int64_t t0,
+    int64_t t1, const float *w, float *acc) {
+    const int64_t ng = D / gv;
+    for (int64_t j = 0; j < D / 8; j++) {
+        const int64_t grp = j / (gv / 8);
+        __m256 a[SP_MAXREP];
+        for (int r = 0; r < REP; r++) a[r] = _mm256_loadu_ps(acc + r * D + 8 * j);
+        const uint8_t *col = vp + j;
+        for (int64_t t = t0; t < t1; t++) {
+            const __m256 cv = unpack8(col + t * ts, ps, bits);
+            const float *wt = w + grp * SP_VBLOCK + t - t0;
+            for (int r = 0; r < REP; r++) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(wt + r * ng * SP_VBLOCK), cv, a[r]);
+        }
+        for (int r = 0; r < REP; r++) _mm256_storeu_ps(acc + r * D + 8 * j, a[r]);
+    }
+}
+
+#define SP_FOR_REP(CALL)                                                                                     \
+    switch (rep) {                                                                                           \
+    case 1: CALL(1); return;                                                                                 \
+    case 2: CALL(2); return;                                                                                 \
+    case 3: CALL(3); return;                                                                                 \
+    case 4: CALL(4); return;                                                                                 \
+    case 5: CALL(5); return;                                                                                 \
+    case 6: CALL(6); return;                                                                                 \
+    case 7: CALL(7); return;                                                                                 \
+    case 8: CALL(8); return;                                                                                 \
+    }
+#endif
+
+static void key_scores(const uint8_t *kp, const int64_t *kcs, int bits, int64_t D, int64_t rep, int64_t n,
+                       int64_t t0, int64_t t1, const float *qs, const float *base, float scaling, float *s, float *c) {
+#ifdef SP_AVX2
+#define SP_KEYS(R) key_scores_avx2(kp, kcs[3], kcs[0], bits, D, R, n, t0, t1, qs, base, scaling, s)
+    SP_FOR_REP(SP_KEYS)
+#undef SP_KEYS
+#endif
+    key_scores_generic(kp, kcs[3], kcs[0], bits, D, rep, n, t0, t1, qs, base, scaling, s, c);
+}
+
+static void value_accumulate(const uint8_t *vp, const int64_t *vcs, int bits, int64_t D, int64_t gv, int64_t rep,
+                             int64_t t0, int64_t t1, const float *w, float *acc, float *c) {
+#ifdef SP_AVX2
+    if (gv % 8 == 0) {
+#define SP_VALUES(R) values_avx2(vp, vcs[3], vcs[0], bits, D, gv, R, t0, t1, w, acc)
+        SP_FOR_REP(SP_VALUES)
+#undef SP_VALUES
+    }
+#endif
+    values_generic(vp, vcs[3], vcs[0], bits, D, gv, rep, t0, t1, w, acc, c);
+}
+
+/* One decode step is cut into items, (sequence, KV head, slice of the packed tokens); the last slice of a
+ * head also takes the full-precision tail. Each item leaves its unnormalised output with its softmax max and
+ * sum, and the slices of a head are merged by log-sum-exp (split-K), so threads share even one long head. */
+typedef struct {
+    int64_t B, Hq, H, D, T, Tt;
+    const float *q;
+    const uint8_t *kc, *vc;
+    const int64_t *kcs, *kss, *kzs, *vcs, *vss, *vzs;
+    const uint16_t *ks, *kz, *vs, *vz;
+    const float *kt, *vt;
+    int bits_k, bits_v;
+    int64_t gk, gv, chunk, nsplit, items;
+    float scaling;
+    float *partial; /* [items, rep, D + 2]: unnormalised output, max, sum */
+    int64_t next;   /* the next item to take (atomic) */
+    int failed;
+} job_t;
+
+static size_t item_scratch(const job_t *j) {
+    const int64_t rep = j->Hq / j->H, ng = j->D / j->gv;
+    return sizeof(float) * (size_t)(rep * (j->chunk + j->Tt) + 3 * rep * j->D + j->D + rep * ng * (SP_VBLOCK + 1) + rep +
+                                   2 * ng * SP_VBLOCK);
+}
+
+static void run_item(const job_t *j, int64_t item, float *buf) {
+    const int64_t D = j->D, H = j->H, rep = j->Hq / H, ng = D / j->gv, gk = j->gk;
+    const int64_t b = item / (H * j->nsplit), h = item / j->nsplit % H, sp = item % j->nsplit;
+    const int64_t lo = sp * j->chunk, hi = lo + j->chunk < j->T ? lo + j->chunk : j->T;
+    const int64_t m = hi - lo, tail = sp == j->nsplit - 1 ? j->Tt : 0, n = m + tail;
+    float *s = buf, *qs = s + rep * n, *acc = qs + rep * D, *qz = acc + rep * D, *c = qz + rep * D,
+          *zs = c + D, *base = zs + rep * ng, *w = base + rep, *fs = w + rep * ng * SP_VBLOCK,
+          *fz = fs + ng * SP_VBLOCK;
+    const float *qh = j->q + (b * j->Hq + h * rep) * D;
+    const uint8_t *kp = j->kc + b * j->kcs[1] + h * j->kcs[2] + lo * j->kcs[3];
+    const uint8_t *vp = j->vc + b * j->vcs[1] + h * j->vcs[2] + lo * j->vcs[3];
+    /* scores over the packed keys: per group, q * scale and q . zero once, then one dot per token */
+    for (int64_t g = lo / gk; g < hi / gk; g++) {
+        const uint16_t *sc = j->ks + b * j->kss[0] + h * j->kss[1] + g * j->kss[2];
+        const uint16_t *ze = j->kz + b * j->kzs[0] + h * j->kzs[1] + g * j->kzs[2];
+        for (int64_t d = 0; d < D; d++) {
+            c[d] = h2f(sc[d]);
+            qz[d] = h2f(ze[d]);
+        }
+        for (int64_t r = 0; r < rep; r++) {
+            const float *qr = qh + r * D;
+            float *qsr = qs + r * D, z = 0.0f;
+#pragma omp simd reduction(+ : z)
+            for (int64_t d = 0; d < D; d++) {
+                qsr[d] = qr[d] * c[d];
+                z += qr[d] * qz[d];
+            }
+            base[r] = z;
+        }
+        key_scores(kp, j->kcs, j->bits_k, D, rep, n, g * gk - lo, (g + 1) * gk - lo, qs, base, j->scaling, s, c);
+    }
+    const float *kth = j->kt + (b * H + h) * j->Tt * D, *vth = j->vt + (b * H + h) * j->Tt * D;
+    for (int64_t t = 0; t < tail; t++)
+        for (int64_t r = 0; r < rep; r++) s[r * n + m + t] = dot(qh + r * D, kth + t * D, D) * j->scaling;
+    float *out = j->partial + item * rep * (D + 2);
+    for (int64_t r = 0; r < rep; r++) /* exp(s - max), normalised after the merge */
+        out[r * (D + 2) + D + 1] = softmax_unnormalised(s + r * n, n, out + r * (D + 2) + D);
+    memset(acc, 0, sizeof(float) * (size_t)(rep * D));
+    memset(zs, 0, sizeof(float) * (size_t)(rep * ng));
+    /* values: per block of tokens, the weights p * scale, then the codes once per token for every query head */
+    for (int64_t t0 = 0; t0 < m; t0 += SP_VBLOCK) {
+        const int64_t t1 = t0 + SP_VBLOCK < m ? t0 + SP_VBLOCK : m;
+        const int64_t mb = t1 - t0;
+        for (int64_t t = 0; t < mb; t++) { /* this block's scales and zero-points, one row per group */
+            const uint16_t *sc = j->vs + b * j->vss[0] + h * j->vss[1] + (lo + t0 + t) * j->vss[2];
+            const uint16_t *ze = j->vz + b * j->vzs[0] + h * j->vzs[1] + (lo + t0 + t) * j->vzs[2];
+            for (int64_t g = 0; g < ng; g++) {
+                fs[g * SP_VBLOCK + t] = h2f(sc[g]);
+                fz[g * SP_VBLOCK + t] = h2f(ze[g]);
+            }
+        }
+        for (int64_t r = 0; r < rep; r++)
+            for (int64_t g = 0; g < ng; g++) {
+                const float *pr = s + r * n + t0, *fsg = fs + g * SP_VBLOCK, *fzg = fz + g * SP_VBLOCK;
+                float *wr = w + (r * ng + g) * SP_VBLOCK, z = 0.0f;
+#pragma omp simd reduction(+ : z)
+                for (int64_t t = 0; t < mb; t++) {
+                    wr[t] = pr[t] * fsg[t];
+                    z += pr[t] * fzg[t];
+                }
+                zs[r * ng + g] += z;
+            }
+        value_accumulate(vp, j->vcs, j->bits_v, D, j->gv, rep, t0, t1, w, acc, c);
+    }
+    for (int64_t t = 0; t < tail; t++)
+        for (int64_t r = 0; r < rep; r++) {
+            const float p = s[r * n + m + t], *v = vth + t * D;
+            float *a = acc + r * D;
+#pragma omp simd
+            for (int64_t d = 0; d < D; d++) a[d] += p * v[d];
+        }
+    for (int64_t r = 0; r < rep; r++)
+        for (int64_t d = 0; d < D; d++) out[r * (D + 2) + d] = acc[r * D + d] + zs[r * ng + d / j->gv];
+}
+
+static void *worker(void *arg) {
+    job_t *j = arg;
+    float *buf = malloc(item_scratch(j));
+    if (!buf) {
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    for (;;) {
+        const int64_t item = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (item >= j->items) break;
+        run_item(j, item, buf);
+    }
+    free(buf);
+    return NULL;
+}
+
+/* One query per sequence over the packed cache plus a full-precision tail (reference.decode_attention).
+ * kcs / vcs: strides of [bits, B, H, T, D/8]; kss, kzs: [B, H, T/G, D]; vss, vzs: [B, H, T, D/g].
+ * q [B, Hq, D], tails [B, H, Tt, D] fp32 contiguous; out [B, Hq, D]. Up to `threads` threads (long
+ * contexts only). Returns 0, or -1 without memory. */
+int sp_decode_attention(int64_t B, int64_t Hq, int64_t H, int64_t D, int64_t T, int64_t Tt, const float *q,
+                        const uint8_t *kc, const int64_t *kcs, const uint16_t *ks, const int64_t *kss,
+                        const uint16_t *kz, const int64_t *kzs, const uint8_t *vc, const int64_t *vcs,
+                        const uint16_t *vs, const int64_t *vss, const uint16_t *vz, const int64_t *vzs,
+                        const float *kt, const float *vt, int64_t bits_k, int64_t bits_v, int64_t gk, int64_t gv,
+                        float scaling, float *out, int64_t threads) {
+    const int64_t rep = Hq / H;
+    job_t j = {B, Hq, H, D, T, Tt, q, kc, vc, kcs, kss, kzs, vcs, vss, vzs, ks, kz, vs, vz, kt, vt,
+               (int)bits_k, (int)bits_v, gk, gv, T, 1, B * H, scaling, NULL, 0, 0};
+    if (threads > SP_MAXTHREADS) threads = SP_MAXTHREADS;
+    if (threads > 1 && B * H * T >= SP_PARALLEL_WORK) { /* about four items per thread, whole key groups each */
+        j.nsplit = (4 * threads + B * H - 1) / (B * H);
+        j.chunk = ((T + j.nsplit - 1) / j.nsplit + gk - 1) / gk * gk;
+        j.nsplit = (T + j.chunk - 1) / j.chunk;
+        j.items = B * H * j.nsplit;
+    } else {
+        threads = 1;
+    }
+    j.partial = malloc(sizeof(float) * (size_t)(j.items * rep * (D + 2)));
+    if (!j.partial) return -1;
+    pthread_t pool[SP_MAXTHREADS];
+    int started = 0;
+    for (int i = 1; i < threads; i++)
+        if (pthread_create(&pool[started], NULL, worker, &j) == 0) started++;
+    worker(&j); /* this thread works too, and finishes whatever the others have not taken */
+    for (int i = 0; i < started; i++) pthread_join(pool[i], NULL);
+    if (j.failed) {
+        free(j.partial);
+        return -1;
+    }
+    for (int64_t bh = 0; bh < B * H; bh++) /* merge the slices of each head by log-sum-exp */
+        for (int64_t r = 0; r < rep; r++) {
+            const float *p0 = j.partial + (bh * j.nsplit * rep + r) * (D + 2);
+            float mx = -INFINITY, sum = 0.0f;
+            for (int64_t sp = 0; sp < j.nsplit; sp++) mx = fmaxf(mx, p0[sp * rep * (D + 2) + D]);
+            float *o = out + (bh * rep + r) * D;
+            for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+            for (int64_t sp = 0; sp < j.nsplit; sp++) {
+                const float *p = p0 + sp * rep * (D + 2), f = expf(p[D] - mx);
+                sum += f * p[D + 1];
+                for (int64_t d = 0; d < D; d++) o[d] += f * p[d];
+            }
+            for (int64_t d = 0; d < D; d++) o[d] /= sum;
+        }
+    free(j.partial);
+    return 0;
+}
+
+/* Codes of a packed range as floats minus `offset` (reference.unpack_float): codes [bits, B, H, T, D/8]
+ * with strides cs (elements); out [B, H, T, D] contiguous. The dense read path: prefill and the layouts the
+ * decode kernel does not read. */
+void sp_unpack_float(int64_t B, int64_t H, int64_t T, int64_t D, int64_t bits, const uint8_t *codes,
+                     const int64_t *cs, float offset, float *out) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++) {
+                const uint8_t *row = codes + b * cs[1] + h * cs[2] + t * cs[3];
+                float *o = out + ((b * H + h) * T + t) * D;
+#ifdef SP_AVX2
+                const __m256 off = _mm256_set1_ps(offset);
+                for (int64_t j = 0; j < D / 8; j++)
+                    _mm256_storeu_ps(o + 8 * j, _mm256_sub_ps(unpack8(row + j, cs[0], (int)bits), off));
+#else
+                unpack_row(row, cs[0], (int)bits, D / 8, o);
+                for (int64_t d = 0; d < D; d++) o[d] -= offset;
+#endif
+            }
+}
+
+/* Dequantized codes (reference.dequantize_tokens / dequantize_channels): (code - offset) * scale + zero, with
+ * scale / zero fp32 [B, H, T, D/g] per token (channel == 0) or [B, H, T/G, D] per channel; zero may be NULL.
+ * codes [bits, B, H, T, D/8] with strides cs; out [B, H, T, D] contiguous. */
+void sp_dequantize(int64_t B, int64_t H, int64_t T, int64_t D, int64_t bits, const uint8_t *codes, const int64_t *cs,
+                   const float *scale, const float *zero, int64_t channel, int64_t group, float offset, float *out) {
+    const int64_t ns = channel ? D : D / group; /* scale entries per row of the scale tensor */
+    for (int64_t bh = 0; bh < B * H; bh++)
+        for (int64_t t = 0; t < T; t++) {
+            const uint8_t *row = codes + (bh / H) * cs[1] + (bh % H) * cs[2] + t * cs[3];
+            const int64_t srow = bh * (channel ? T / group : T) + (channel ? t / group : t);
+            const float *sc = scale + srow * ns, *ze = zero ? zero + srow * ns : NULL;
+            float *o = out + (bh * T + t) * D;
+#ifdef SP_AVX2
+            if (channel || group % 8 == 0) {
+                const __m256 off = _mm256_set1_ps(offset);
+                for (int64_t j = 0; j < D / 8; j++) {
+                    const __m256 cv = _mm256_sub_ps(unpack8(row + j, cs[0], (int)bits), off);
+                    const __m256 sv = channel ? _mm256_loadu_ps(sc + 8 * j) : _mm256_set1_ps(sc[8 * j / group]);
+                    const __m256 zv = !ze ? _mm256_setzero_ps()
+                                          : (channel ? _mm256_loadu_ps(ze + 8 * j) : _mm256_set1_ps(ze[8 * j / group]));
+                    _mm256_storeu_ps(o + 8 * j, _mm256_add_ps(_mm256_mul_ps(cv, sv), zv));
+                }
+                continue;
+            }
+#endif
+            unpack_row(row, cs[0], (int)bits, D / 8, o);
+            for (int64_t d = 0; d < D; d++) {
+                const int64_t k = channel ? d : d / group;
+                o[d] = (o[d] - offset) * sc[k] + (ze ? ze[k] : 0.0f);
+            }
+        }
+}
+
+/* Per-token asymmetric quantization of x [N, D] over groups of g channels (reference.quantize_pack_tokens):
+ * codes [bits, N, D/8], scale / zero [N, D/g] as fp16 bits. */
+void sp_quantize_pack_tokens(int64_t N, int64_t D, int64_t g, int64_t bits, const float *x, uint8_t *codes,
+                             uint16_t *scale, uint16_t *zero) {
+    const float levels = (float)((1 << bits) - 1);
+    uint8_t row[1024];
+    for (int64_t t = 0; t < N; t++) {
+        const float *xr = x + t * D;
+        for (int64_t j = 0; j < D / g; j++) {
+            const float *xg = xr + j * g;
+            float mn = xg[0], mx = xg[0];
+            for (int64_t i = 1; i < g; i++) {
+                mn = xg[i] < mn ? xg[i] : mn;
+                mx = xg[i] > mx ? xg[i] : mx;
+            }
+            float sc = (mx - mn) / levels, inv = sc > 0 ? 1.0f / sc : 0.0f;
+            for (int64_t i = 0; i < g; i++) {
+                float v = floorf((xg[i] - mn) * inv + 0.5f);
+                v = v < 0 ? 0 : (v > levels ? levels : v);
+                row[j * g + i] = (uint8_t)v;
+            }
+            scale[t * (D / g) + j] = f2h(sc);
+            zero[t * (D / g) + j] = f2h(mn);
+        }
+        pack_row(row, (int)bits, D / 8, codes + t * (D / 8), N * (D / 8));
+    }
+}
+
+/* Per-channel asymmetric quantization of x [N, T, D] over groups of G tokens (reference.quantize_pack_channels):
+ * codes [bits, N, T, D/8], scale / zero [N, T/G, D] as fp16 bits. */
+int sp_quantize_pack_channels(int64_t N, int64_t T, int64_t D, int64_t G, int64_t bits, const float *x,
+                              uint8_t *codes, uint16_t *scale, uint16_t *zero) {
+    const float levels = (float)((1 << bits) - 1);
+    float *mn = malloc(sizeof(float) * (size_t)(3 * D));
+    uint8_t *c = malloc((size_t)(G * D));
+    if (!mn || !c) {
+        free(mn);
+        free(c);
+        return -1;
+    }
+    float *mx = mn + D, *inv = mx + D;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t g = 0; g < T / G; g++) {
+            const float *xg = x + (n * T + g * G) * D;
+            for (int64_t d = 0; d < D; d++) mn[d] = mx[d] = xg[d];
+            for (int64_t t = 1; t < G; t++)
+                for (int64_t d = 0; d < D; d++) {
+                    float v = xg[t * D + d];
+                    mn[d] = v < mn[d] ? v : mn[d];
+                    mx[d] = v > mx[d] ? v : mx[d];
+                }
+            uint16_t *so = scale + (n * (T / G) + g) * D, *zo = zero + (n * (T / G) + g) * D;
+            for (int64_t d = 0; d < D; d++) {
+                float sc = (mx[d] - mn[d]) / levels;
+                inv[d] = sc > 0 ? 1.0f / sc : 0.0f;
+                so[d] = f2h(sc);
+                zo[d] = f2h(mn[d]);
+            }
+            for (int64_t t = 0; t < G; t++)
+                for (int64_t d = 0; d < D; d++) {
+                    float v = floorf((xg[t * D + d] - mn[d]) * inv[d] + 0.5f);
+                    v = v < 0 ? 0 : (v > levels ? levels : v);
+                    c[t * D + d] = (uint8_t)v;
+                }
+            for (int64_t t = 0; t < G; t++)
+                pack_row(c + t * D, (int)bits, D / 8, codes + (n * T + g * G + t) * (D / 8), N * T * (D / 8));
+        }
+    free(mn);
+    free(c);
+    return 0;
+}

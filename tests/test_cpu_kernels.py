@@ -1,0 +1,243 @@
+"""The compiled CPU kernels (cpu_kernels.c) against their PyTorch references.
+
+Quantize-and-pack must be bit-exact (the runtime stores what the profile measured); decode attention
+within float tolerance, on every code path of the C file: the AVX2 loops and the portable ones (built
+without -march=native), query heads per KV head up to 8 and beyond, value groups that are and are not
+multiples of 8, strided views, and long contexts split across threads. Then the build itself: the cache,
+a missing compiler and a failing one.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+from sensprof.errors import SensprofError
+from sensprof.runtime import kernels
+from sensprof.runtime.kernels import cpu_kernels, reference
+
+needs_compiler = pytest.mark.skipif(cpu_kernels.available() is not None,
+                                    reason=f"the compiled CPU kernels cannot build here: {cpu_kernels.available()}")
+
+
+@pytest.fixture
+def fresh_build(tmp_path, monkeypatch):
+    """An empty kernel cache and no loaded library; the suite's own library is restored afterwards."""
+    monkeypatch.setenv("SENSPROF_CACHE", str(tmp_path / "cache"))
+    cpu_kernels._load.cache_clear()
+    monkeypatch.setattr(kernels, "_warned", set())
+    yield tmp_path
+    cpu_kernels._load.cache_clear()
+
+
+def _packed(b, hq, hkv, t, tail, d, bits_k, bits_v, gk, gv, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    kc, ks, kz = reference.quantize_pack_channels(torch.randn(b * hkv, t, d, generator=g) * 2, bits_k, gk)
+    vc, vs, vz = reference.quantize_pack_tokens(torch.randn(b * hkv * t, d, generator=g), bits_v, gv)
+    args = dict(q=torch.randn(b, hq, d, generator=g) * 2,
+                k_codes=kc.view(bits_k, b, hkv, t, d // 8), k_scale=ks.view(b, hkv, t // gk, d),
+                k_zero=kz.view(b, hkv, t // gk, d), v_codes=vc.view(bits_v, b, hkv, t, d // 8),
+                v_scale=vs.view(b, hkv, t, d // gv), v_zero=vz.view(b, hkv, t, d // gv),
+                k_tail=torch.randn(b, hkv, tail, d, generator=g), v_tail=torch.randn(b, hkv, tail, d, generator=g))
+    return args, dict(bits_k=bits_k, bits_v=bits_v, group_k=gk, group_v=gv, scaling=d ** -0.5)
+
+
+def _close(a, b, tol=2e-5):
+    err = ((a - b).abs().max() / b.abs().max()).item()
+    assert err < tol, err
+
+
+@needs_compiler
+@pytest.mark.parametrize("bits", range(1, 9))
+@pytest.mark.parametrize("group", [8, 32, 64])
+def test_quantize_pack_tokens_is_bit_exact(bits, group):
+    g = torch.Generator().manual_seed(bits * group)
+    x = torch.randn(37, 128, generator=g) * torch.rand(37, 1, generator=g) * 5
+    x[3] = 1.5  # a constant row: zero scale
+    x[4, :group] = torch.tensor(1e-6).expand(group) * torch.arange(group)  # a tiny range: fp16 subnormal scale
+    for got, want in zip(cpu_kernels.quantize_pack_tokens(x, bits, group), reference.quantize_pack_tokens(x, bits, group)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+@needs_compiler
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_quantize_pack_channels_is_bit_exact(bits):
+    g = torch.Generator().manual_seed(bits)
+    x = torch.randn(6, 96, 64, generator=g) * 3
+    x[1, :32, 5] = -2.0  # a constant channel within a group
+    for group in (32, 96):
+        got, want = cpu_kernels.quantize_pack_channels(x, bits, group), reference.quantize_pack_channels(x, bits, group)
+        for a, b in zip(got, want):
+            assert a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@needs_compiler
+def test_half_rounding_matches_torch_at_the_edges():
+    """Scales and zero-points are rounded to fp16 in C: ties to even, subnormals, overflow to infinity."""
+    edges = torch.tensor([0.0, -0.0, 1e-8, 2.0**-25, 2.0**-25 * 1.0001, 2.0**-24 * 1.5, 2.0**-24 * 2.5, 6.1e-5,
+                          6.0975552e-05, 65504.0, 65519.0, 65520.0, 1e9, 3.14159, -2.5e-6, 1.0009765625 + 2**-11])
+    x = torch.stack([torch.zeros_like(edges), edges], 1).repeat(1, 4)  # groups of 2: scale = v / levels, zero = min
+    for sign in (1, -1):
+        for bits in (1, 8):
+            got, want = cpu_kernels.quantize_pack_tokens(sign * x, bits, 2), reference.quantize_pack_tokens(sign * x, bits, 2)
+            for a, b in zip(got, want):
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (sign, bits)
+
+
+CASES = [  # b, hq, hkv, t, tail, d, bits_k, bits_v, gk, gv
+    (1, 9, 3, 256, 17, 64, 4, 4, 32, 32),   # smollm2's shape
+    (2, 8, 2, 96, 0, 128, 3, 5, 32, 64),    # no tail, two sequences
+    (1, 4, 4, 64, 5, 64, 8, 2, 32, 16),     # one query head per KV head
+    (2, 6, 3, 32, 3, 32, 2, 8, 16, 32),     # head dim 32
+    (1, 20, 2, 64, 4, 96, 5, 3, 32, 32),    # 10 query heads per KV head: the loops without register accumulators
+    (1, 4, 2, 64, 4, 64, 6, 7, 64, 4),      # value groups of 4 channels: the portable value loop
+    (1, 2, 1, 32, 1, 8, 1, 1, 32, 8),       # 1-bit codes, head dim 8
+]
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}_hq{}_hkv{}_t{}_tail{}_d{}_k{}v{}_gk{}gv{}".format(*c))
+def test_decode_attention_matches_the_reference(case):
+    args, kw = _packed(*case)
+    _close(cpu_kernels.decode_attention(**args, **kw), reference.decode_attention(**args, **kw))
+
+
+@needs_compiler
+def test_decode_attention_reads_strided_views():
+    """The runtime passes slices of the merged chunk (whole key groups), not copies."""
+    args, kw = _packed(2, 6, 3, 128, 7, 64, 4, 3, 32, 32)
+    view = dict(args, k_codes=args["k_codes"][:, :, :, 32:96], k_scale=args["k_scale"][:, :, 1:3],
+                k_zero=args["k_zero"][:, :, 1:3], v_codes=args["v_codes"][:, :, :, 32:96],
+                v_scale=args["v_scale"][:, :, 32:96], v_zero=args["v_zero"][:, :, 32:96])
+    assert not view["k_codes"].is_contiguous() and not view["v_scale"].is_contiguous()
+    _close(cpu_kernels.decode_attention(**view, **kw), reference.decode_attention(**view, **kw))
+
+
+@needs_compiler
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_long_contexts_split_across_threads_give_the_same_attention(threads, monkeypatch):
+    """Split-K: slices of one head on different threads, merged by log-sum-exp (the tail in the last slice)."""
+    monkeypatch.setattr(cpu_kernels, "_threads", lambda: threads)
+    for case in [(1, 9, 3, 4096, 17, 64, 4, 4, 32, 32), (2, 4, 1, 2112, 0, 128, 3, 5, 32, 64)]:
+        args, kw = _packed(*case)
+        _close(cpu_kernels.decode_attention(**args, **kw), reference.decode_attention(**args, **kw), 1e-4)
+
+
+@needs_compiler
+def test_portable_build_without_native_instructions_matches(fresh_build, monkeypatch):
+    """Built without -march=native: the scalar loops and the portable fp16 conversion."""
+    monkeypatch.setattr(cpu_kernels, "_NATIVE", [])
+    assert cpu_kernels.available() is None
+    for case in CASES[:5] + [(1, 9, 3, 4096, 17, 64, 4, 4, 32, 32)]:
+        args, kw = _packed(*case)
+        _close(cpu_kernels.decode_attention(**args, **kw), reference.decode_attention(**args, **kw), 1e-4)
+    x = torch.randn(19, 64) * 3
+    for a, b in zip(cpu_kernels.quantize_pack_tokens(x, 3, 32), reference.quantize_pack_tokens(x, 3, 32)):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@needs_compiler
+def test_the_build_is_cached_and_reused_without_the_compiler(fresh_build, monkeypatch):
+    assert cpu_kernels.available() is None
+    built = [p.name for p in (fresh_build / "cache" / "kernels").iterdir()]
+    assert len(built) == 1 and built[0].startswith("cpu_kernels-") and built[0].endswith(".so")  # no temporaries
+
+    def no_compiler(*a, **k):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(cpu_kernels.subprocess, "run", no_compiler)
+    cpu_kernels._load.cache_clear()
+    assert cpu_kernels.available() is None
+
+
+def test_without_a_compiler_auto_falls_back_with_one_warning_and_cpu_is_an_error(fresh_build, monkeypatch):
+    monkeypatch.setenv("CC", str(fresh_build / "no-such-cc"))
+    assert "no-such-cc" in cpu_kernels.available()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert kernels.select("auto", "cpu") is reference
+        assert kernels.select("auto", "cpu") is reference
+    msgs = [str(w.message) for w in caught]
+    assert len(msgs) == 1 and "compiled CPU kernels cannot be used" in msgs[0] and "reference" in msgs[0]
+    with pytest.raises(SensprofError, match="install a C compiler, or choose --kernels reference"):
+        kernels.select("cpu", "cpu")
+
+
+def test_a_failing_compiler_is_reported_in_one_line(fresh_build, monkeypatch):
+    cc = fresh_build / "broken-cc"
+    cc.write_text("#!/bin/sh\necho 'cpu_kernels.c:1: error: this compiler is broken' >&2\nexit 1\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    why = cpu_kernels.available()
+    assert why.startswith("compiling cpu_kernels.c failed") and "this compiler is broken" in why and "\n" not in why
+    assert not list((fresh_build / "cache").rglob("*.so"))  # nothing half-written is left to load
+
+
+@needs_compiler
+def test_planned_cache_decodes_through_the_cpu_kernels_as_through_the_reference():
+    """End to end: quantize-and-pack on append and packed decode attention, both compiled."""
+    from conftest import make_tiny_model
+    from test_runtime import _decode, _plan
+
+    from sensprof.runtime import PlannedCache
+
+    model = make_tiny_model("llama")
+    plan = _plan(model, [("int4_c32", "int4_t32"), ("int2_c32_r8", "int3_t32_s2"), ("none", "int8_t32")], [{}] * 3)
+    ids = torch.randint(3, 300, (2, 72), generator=torch.Generator().manual_seed(5))
+    ref_cache = PlannedCache.from_plan(plan, model, kernels="reference")
+    ref = _decode(model, ref_cache, ids)
+    cache = PlannedCache.from_plan(plan, model, kernels="cpu")
+    got = _decode(model, cache, ids)
+    assert cache.layers[0].kernels is cpu_kernels and cache.layers[0].k_store.kernels is cpu_kernels
+    assert sum(layer.packed_steps for layer in cache.layers) > 0
+    assert (got - ref).abs().max().item() < 1e-4
+    compared = 0
+    for mine, theirs in zip(cache.layers, ref_cache.layers):  # the stored codes are the reference's, bit for bit
+        for a, b in zip(mine.k_store.chunks + mine.v_store.chunks, theirs.k_store.chunks + theirs.v_store.chunks):
+            for x, y in zip((a.codes, a.scale, a.zero), (b.codes, b.scale, b.zero)):
+                assert torch.equal(x, y)
+                compared += 1
+    assert compared >= 9
+
+
+def test_generate_asked_for_cpu_kernels_without_a_compiler_is_one_line(tiny_model_dir, tmp_path, fresh_build,
+                                                                       monkeypatch, capsys):
+    from conftest import one_error_line, run_cli
+
+    prof, plan = tmp_path / "p", tmp_path / "plan.json"
+    assert run_cli(capsys, "profile", "--model", tiny_model_dir, "--seq-len", "32", "--windows", "1", "--schemes",
+                   "int4_c32,int4_t32", "--out", prof, "--device", "cpu", "--quiet")[0] == 0
+    assert run_cli(capsys, "plan", prof, "--avg-bits", "6", "--out", plan)[0] == 0
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    line = one_error_line(*run_cli(capsys, "generate", "--plan", plan, "--prompt", "x", "--kernels", "cpu",
+                                   "--device", "cpu"))
+    assert "compiled CPU kernels cannot be used" in line and "no-such-cc" in line
+    assert plan.exists() and prof.exists()
+
+
+@needs_compiler
+@pytest.mark.parametrize("bits", [1, 3, 4, 8])
+def test_unpack_float_equals_the_reference_on_views(bits):
+    codes = torch.randint(0, 2**bits, (2, 3, 40, 64), generator=torch.Generator().manual_seed(bits))
+    packed = reference.pack_bitplanes(codes, bits)[:, :, :, 5:37]  # a strided range, as the store reads it
+    for offset in (0.0, 2 ** (bits - 1) - 1):
+        got = cpu_kernels.unpack_float(packed, bits, offset)
+        assert got.dtype == torch.float32 and torch.equal(got, reference.unpack_float(packed, bits, offset))
+        assert torch.equal(got, codes[:, :, 5:37].float() - offset)
+
+
+@needs_compiler
+@pytest.mark.parametrize("zero", [True, False])
+def test_dequantize_equals_the_reference(zero):
+    """The dense read path: per token (groups of 32, and of 4 channels) and per channel, with or without zero-points
+    and with the absmax codecs' offset."""
+    g = torch.Generator().manual_seed(int(zero))
+    codes = reference.pack_bitplanes(torch.randint(0, 16, (2, 3, 64, 64), generator=g), 4)
+    for group in (32, 4):
+        scale, z = torch.rand(2, 3, 64, 64 // group, generator=g).half(), torch.randn(2, 3, 64, 64 // group, generator=g)
+        args = (codes[:, :, :, 8:40], scale[:, :, 8:40], z[:, :, 8:40] if zero else None, 4, group, 7.0)
+        _close(cpu_kernels.dequantize_tokens(*args), reference.dequantize_tokens(*args), 1e-6)
+    scale, z = torch.rand(2, 3, 2, 64, generator=g), torch.randn(2, 3, 2, 64, generator=g).half()
+    args = (codes, scale, z if zero else None, 4, 32, 0.0)
+    _close(cpu_kernels.dequantize_channels(*args), reference.dequantize_channels(*args), 1e-6)
