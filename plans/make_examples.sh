@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# Regenerate the example plans for smollm2-135m: two budgets x two targets, each validated on windows the
-# profile never saw, plus the report of the profile. Run from the repository root:
-#     bash plans/make_examples.sh
-# The profile (default settings, ~9 min on 2 CPU cores) is resumed or reused if profiles/smollm2-135m exists.
+# Regenerate the example plans for smollm2-135m, each validated on windows the profile never saw, plus the report.
+#   sensprof target (any scheme per layer): 5 and 8 bits, from the default profile (profiles/smollm2-135m);
+#   vllm target (every vLLM 0.33 dtype on Hopper, vLLM's boundary layers kept): 4.5 (the least any dtype fits in), 5, 6 and 8 bits, from
+#   `sensprof profile --target vllm` (profiles/smollm2-135m-vllm).
+# Run from the repository root:  bash plans/make_examples.sh
+# Profiles are resumed or reused if present (~9 and ~16 min on 2 CPU cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=profiles/smollm2-135m
+vprofile=profiles/smollm2-135m-vllm
 sensprof profile --model smollm2-135m --out "$profile" --quiet
-for target in sensprof vllm; do
-  for bits in 5 8; do
-    plan="plans/smollm2-135m-$target-${bits}bits.json"
-    sensprof plan "$profile" --target "$target" --avg-bits "$bits" --out "$plan" > /dev/null
-    sensprof validate "$plan" > "${plan%.json}.validation.txt"
-    echo "== $plan"; cat "${plan%.json}.validation.txt"
-  done
-done
+sensprof profile --model smollm2-135m --target vllm --out "$vprofile" --quiet
+run() {  # target profile bits
+  plan="plans/smollm2-135m-$1-${3}bits.json"
+  sensprof plan "$2" --target "$1" --avg-bits "$3" --out "$plan" > /dev/null
+  sensprof validate "$plan" > "${plan%.json}.validation.txt"
+  echo "== $plan"; cat "${plan%.json}.validation.txt"
+}
+for bits in 5 8; do run sensprof "$profile" "$bits"; done
+for bits in 4.5 5 6 8; do run vllm "$vprofile" "$bits"; done
 sensprof export plans/smollm2-135m-vllm-5bits.json --format vllm > plans/smollm2-135m-vllm-5bits.vllm.txt
-sensprof report "$profile" --plan plans/smollm2-135m-sensprof-5bits.json --plan plans/smollm2-135m-vllm-5bits.json \
-  --out plans/report > /dev/null
-echo "wrote plans/*.json, their .validation.csv/.txt and plans/report/report.html"
+sensprof report "$profile" --plan plans/smollm2-135m-sensprof-5bits.json --out plans/report > /dev/null
+sensprof report "$vprofile" --plan plans/smollm2-135m-vllm-5bits.json --out plans/report-vllm > /dev/null
+echo "wrote plans/*.json, their .validation.csv/.txt, plans/report/ and plans/report-vllm/"

@@ -26,6 +26,16 @@ def _add_model_args(p):
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code from the hub")
 
 
+def _add_engine_args(p, llamacpp=False):
+    p.add_argument("--vllm-gpu", default=None,
+                   help="vllm: the GPU vLLM runs on, which decides the KV dtypes it offers: hopper (default; "
+                        "H100/H200) | ampere | blackwell | rocm")
+    if llamacpp:
+        p.add_argument("--llamacpp-build", default=None,
+                       help="llamacpp: cuda-default restricts -ctk/-ctv to the pairs a default CUDA build runs "
+                            "(f16, q8_0, q4_0 with K and V alike); default: any pair")
+
+
 def _add_text_args(p, seq_len=256, windows=2):
     p.add_argument("--text", action="append", metavar="FILE",
                    help="plain-text or JSONL ({\"text\": ...}) file; repeatable (default: Python's pydoc topics)")
@@ -43,8 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="measure the damage of quantizing each layer's K and V with each scheme")
     _add_model_args(p)
     _add_text_args(p)
-    p.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
-                   help="comma-separated scheme names (see `sensprof schemes`); default: " + ",".join(DEFAULT_SCHEMES))
+    p.add_argument("--schemes", default=None,
+                   help="comma-separated scheme names (see `sensprof schemes`); default: those --target needs, "
+                        "else " + ",".join(DEFAULT_SCHEMES))
+    p.add_argument("--target", default=None,
+                   help="profile every scheme this target can use: vllm | sglang | llamacpp | sensprof (the default "
+                        "schemes); with --schemes, both")
+    _add_engine_args(p)
     p.add_argument("--layers", default=None, help="subset of layers, e.g. 0-11 or 0,5,7-9 (default: all)")
     p.add_argument("--out", default=None, help="output directory (default: profiles/<model>); re-running resumes")
     p.add_argument("--variants-per-pass", type=int, default=1,
@@ -72,13 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--target", default="sensprof", help="sensprof (default) | vllm | sglang | llamacpp")
     pl.add_argument("--objective", default="kl", help="kl (default) | dnll | local (attention-output error)")
     pl.add_argument("--num-skip", type=int, default=None,
-                    help="vllm: keep exactly this many layers at the model dtype (the planner picks which)")
+                    help="vllm: keep exactly this many layers at the model dtype (the planner picks which), besides "
+                         "the boundary layers vLLM itself keeps for some dtypes")
+    _add_engine_args(pl, llamacpp=True)
     pl.add_argument("--out", default=None, help="plan JSON path (default: plans/<model>-<target>-<budget>.json)")
 
     sw = sub.add_parser("sweep", help="plan a range of budgets: the frontier of predicted damage vs memory")
     sw.add_argument("profile_dir", help="directory written by `sensprof profile`")
     sw.add_argument("--target", default="sensprof", help="sensprof (default) | vllm | sglang | llamacpp")
     sw.add_argument("--objective", default="kl", help="kl (default) | dnll | local")
+    _add_engine_args(sw, llamacpp=True)
     sw.add_argument("--avg-bits", default="3,4,5,6,8,10,12",
                     help="comma-separated --avg-bits budgets (default 3,4,5,6,8,10,12)")
     sw.add_argument("--validate", action="store_true", help="also measure each plan (see `sensprof validate`)")
@@ -99,13 +117,22 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("plan", help="plan JSON written by `sensprof plan`")
     ex.add_argument("--format", required=True, help="vllm | sglang | llamacpp")
     ex.add_argument("--vllm-version", default="0.33.0", help="vLLM version to emit flags for (default 0.33.0)")
+    ex.add_argument("--vllm-gpu", default=None,
+                    help="vllm: refuse a dtype that vLLM does not run on this GPU (hopper | ampere | blackwell | rocm)")
     ex.add_argument("--model", default=None,
                     help="model to serve and check the plan against (default: the plan's model)")
     ex.add_argument("--gpu-mem-gib", type=float, default=80.0,
                     help="KV-cache memory for the tokens-that-fit comment (default 80)")
-    ex.add_argument("--scales-out", default=None, help="sglang: write the --quantization-param-path JSON here")
+    ex.add_argument("--scales-out", default=None, metavar="FILE",
+                    help="sglang, fp8_e4m3 plans: write the --quantization-param-path JSON here")
+    ex.add_argument("--tp", type=int, default=1, metavar="N",
+                    help="sglang: tensor-parallel size to key the scales by and pass as --tp-size (default 1)")
     ex.add_argument("--write-checkpoint", default=None, metavar="DIR",
-                    help="vllm: write the model with calibrated per-layer k_scale/v_scale (compressed-tensors)")
+                    help="vllm: write a bf16 copy of the model vLLM serves (GGUF included), with calibrated "
+                         "per-layer k_scale/v_scale for fp8_e4m3 plans")
+    ex.add_argument("--hub-id", default=None, metavar="ORG/NAME",
+                    help="vllm, GGUF model: the Hugging Face repository it was converted from (vLLM has no GGUF "
+                         "loader); default: the built-in alias's or the GGUF metadata's")
 
     ge = sub.add_parser("generate", help="generate text through the planned quantized cache (reference runtime)")
     ge.add_argument("--plan", required=True, help="plan JSON written by `sensprof plan` (target sensprof or any)")
@@ -151,13 +178,32 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("summary", help="print the summary table of a profile directory")
     s.add_argument("dir", help="profile directory")
 
-    sub.add_parser("schemes", help="list the quantization schemes and their storage cost")
+    sc = sub.add_parser("schemes", help="list the quantization schemes and their storage cost")
+    sc.add_argument("--target", default=None,
+                    help="vllm: list every vLLM KV dtype with its bits, the GPUs it runs on and why others are excluded")
+    _add_engine_args(sc)
     return parser
 
 
 def default_out_dir(model: str) -> str:
     name = os.path.basename(model.rstrip("/")) if os.path.exists(model) else model
     return os.path.join("profiles", re.sub(r"[^A-Za-z0-9._-]+", "_", name.removesuffix(".gguf")))
+
+
+def profile_scheme_names(schemes: str | None, target: str | None, vllm_gpu: str | None, head_dims=None) -> list[str]:
+    """--schemes, the schemes --target needs (for the model's head dims), or both; the default menu when neither
+    is given."""
+    from .schemes import DEFAULT_SCHEMES
+    from .targets import get_target
+
+    names = [schemes] if schemes else []
+    if target is not None and target != "sensprof":
+        names += get_target(target, vllm_gpu, head_dims=head_dims).schemes_needed()
+    elif vllm_gpu is not None:
+        raise SensprofError("--vllm-gpu needs --target vllm")
+    elif target == "sensprof" or not names:
+        names += list(DEFAULT_SCHEMES)
+    return names
 
 
 def cmd_profile(args) -> int:
@@ -168,7 +214,7 @@ def cmd_profile(args) -> int:
     from .summary import summarize
     from .table import parse_layers
 
-    schemes = parse_schemes(args.schemes)
+    parse_schemes(profile_scheme_names(args.schemes, args.target, args.vllm_gpu))  # bad names fail before loading
     if args.windows < 1:
         raise SensprofError("--windows must be at least 1")
     if args.variants_per_pass < 1:
@@ -181,7 +227,10 @@ def cmd_profile(args) -> int:
     with contextlib.redirect_stderr(io.StringIO()) if args.quiet else contextlib.nullcontext():
         loaded = load_model(args.model, args.device, args.dtype, args.device_map, args.trust_remote_code)
 
-    layers = parse_layers(args.layers, len(describe_layers(loaded.model)))
+    infos = describe_layers(loaded.model)
+    layers = parse_layers(args.layers, len(infos))
+    schemes = parse_schemes(profile_scheme_names(args.schemes, args.target, args.vllm_gpu,
+                                                 {i.head_dim for i in infos}))
     limit = max_positions(loaded.model)
     if limit is not None and args.seq_len > limit:
         raise SensprofError(f"--seq-len {args.seq_len} is beyond the model's {limit} positions; use --seq-len <= {limit}")
@@ -227,11 +276,20 @@ def cmd_schemes(args) -> int:
     from .memory import bits_per_element
     from .schemes import REGISTRY
 
-    print(f"{'scheme':<22}{'bits/elt (head_dim 64)':>24}{'bits/elt (128)':>16}  description")
+    if args.target is not None:
+        if args.target != "vllm":
+            raise SensprofError(f"`sensprof schemes --target` lists vLLM's dtypes; got {args.target!r}, pass vllm")
+        from .engines.vllm.catalog import describe_dtypes
+
+        print(describe_dtypes(args.vllm_gpu))
+        return 0
+    if args.vllm_gpu is not None:
+        raise SensprofError("--vllm-gpu needs --target vllm")
+    print(f"{'scheme':<26}{'bits/elt (head_dim 64)':>24}{'bits/elt (128)':>16}  description")
     for s in REGISTRY.values():
-        print(f"{s.name:<22}{bits_per_element(s, 64):>24.3f}{bits_per_element(s, 128):>16.3f}  {s.description}")
+        print(f"{s.name:<26}{bits_per_element(s, 64):>24.3f}{bits_per_element(s, 128):>16.3f}  {s.description}")
     print("\nmodifiers: _pre (keys before RoPE), _r<R> (R most recent tokens in full precision), "
-          "_s<S> (S first tokens in full precision), e.g. int4_c32_pre_r128")
+          "_s<S> (S first tokens in full precision), e.g. int4_c32_pre_r128; engine formats take none")
     return 0
 
 
@@ -240,7 +298,8 @@ def cmd_plan(args) -> int:
     from .commands import make_plan, plan_path
 
     budget = budget_from_args(args.avg_bits, args.fraction, args.gpu_mem_gib, args.max_model_len, args.max_num_seqs)
-    plan = make_plan(args.profile_dir, args.target, budget, args.objective, args.num_skip)
+    plan = make_plan(args.profile_dir, args.target, budget, args.objective, args.num_skip, args.vllm_gpu,
+                     args.llamacpp_build)
     out = args.out or plan_path(plan)
     plan.save(out)
     from .commands import describe_plan

@@ -9,16 +9,57 @@ from .errors import SensprofError
 from .plan import Plan, build_plan, load_plan
 
 
-def make_plan(profile_dir: str, target: str, budget, objective: str = "kl", num_skip=None) -> Plan:
+def make_plan(profile_dir: str, target: str, budget, objective: str = "kl", num_skip=None, vllm_gpu=None,
+              llamacpp_build=None) -> Plan:
     from .planner import plan, problem_from_table
     from .table import load_profile
     from .targets import get_target
 
-    tgt = get_target(target)
+    get_target(target, vllm_gpu, llamacpp_build)  # a bad target or option fails before the profile is read
     profile = load_profile(profile_dir, require_complete=True)
-    problem = problem_from_table(profile.table, profile.meta["layers"], objective)
+    tgt = get_target(target, vllm_gpu, llamacpp_build, {layer["head_dim"] for layer in profile.meta["layers"]})
+    problem = problem_from_table(current_cells(profile), profile.meta["layers"], objective)
     solution = plan(problem, tgt, budget, num_skip)
-    return build_plan(profile, solution, target, objective, budget)
+    result = build_plan(profile, solution, target, objective, budget)
+    if target == "vllm" and budget.kind == "serving":
+        check_vllm_pool(result, budget)
+    return result
+
+
+def check_vllm_pool(plan: Plan, budget) -> None:
+    """The planner prices each layer's own bytes; vLLM's pool also aligns block sizes and pads pages when skipped
+    and quantized layers share it (hybrid sliding-window models). Record what vLLM would need and say if it is more."""
+    import sys
+
+    from .engines.vllm import facts
+    from .export.vllm import vllm_layers
+
+    layers = vllm_layers(plan)
+    if not layers:
+        return
+    pool = facts.plan_pool(layers)
+    need = pool.blocks_per_request(budget.max_model_len) * budget.max_num_seqs * pool.bytes_per_block
+    plan.predicted["vllm_pool_bytes"] = need
+    if need > budget.value * 2**30:
+        print(f"sensprof: note: vLLM's pool needs {need / 2**30:.4g} GiB for this plan ({budget.max_num_seqs} x "
+              f"{budget.max_model_len} tokens, its block alignment and page padding included), more than "
+              f"--gpu-mem-gib {budget.value:g}; give vLLM that much, or plan with a smaller --gpu-mem-gib",
+              file=sys.stderr)
+
+
+def current_cells(profile):
+    """The profile's rows, less those a since-corrected emulation measured (schemes.REVISIONS), said once."""
+    import sys
+
+    from .schemes import scheme_revision
+
+    recorded = profile.meta.get("schemes", {})
+    stale = sorted(n for n in set(profile.table.scheme)
+                   if recorded.get(n, {}).get("revision", 1) < scheme_revision(n))
+    if stale:
+        print(f"sensprof: note: ignoring {', '.join(stale)}: this profile measured them with an earlier emulation; "
+              "re-profile them (`sensprof profile --schemes ...` into a new --out) to plan with them", file=sys.stderr)
+    return profile.table[~profile.table.scheme.isin(stale)]
 
 
 def plan_path(plan: Plan) -> str:
@@ -114,7 +155,8 @@ def run_sweep(args) -> None:
     rows, plans = [], []
     for b in sorted(budgets):
         try:
-            plan = make_plan(args.profile_dir, args.target, Budget("avg_bits", b), args.objective)
+            plan = make_plan(args.profile_dir, args.target, Budget("avg_bits", b), args.objective, None,
+                             args.vllm_gpu, args.llamacpp_build)
         except SensprofError as e:
             if "infeasible" in str(e):
                 print(f"--avg-bits {b:g}: infeasible for {args.target}")
@@ -154,6 +196,7 @@ def run_sweep(args) -> None:
 
 
 def _model_path(plan: Plan, model: str | None) -> str:
+    """The model as an engine names it: a built-in alias becomes its .gguf file."""
     from .models import BUILTIN_MODELS, resolve_model
 
     name = model or plan.model_id
@@ -163,51 +206,109 @@ def _model_path(plan: Plan, model: str | None) -> str:
     return name
 
 
+def _load_quietly(plan: Plan, model: str | None, dtype: str | None = None):
+    """Load on the CPU without transformers' progress bars, so a refusal stays one line on stderr."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return _load_for_plan(plan, model, "cpu", dtype)
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def _is_gguf(name: str) -> bool:
+    from .models import BUILTIN_MODELS
+
+    return name in BUILTIN_MODELS or name.endswith(".gguf")
+
+
+def _check_export_args(args) -> None:
+    if args.gpu_mem_gib is not None and not args.gpu_mem_gib > 0:
+        raise SensprofError(f"--gpu-mem-gib must be positive, got {args.gpu_mem_gib}")
+    if args.tp < 1:
+        raise SensprofError(f"--tp must be at least 1 (the number of GPUs SGLang shards over), got {args.tp}")
+    if args.tp != 1 and args.format != "sglang":
+        raise SensprofError("--tp is for --format sglang (its scales file is keyed by TP rank)")
+    if args.write_checkpoint and args.format != "vllm":
+        raise SensprofError("--write-checkpoint is for --format vllm; use --scales-out for sglang")
+    if args.scales_out and args.format != "sglang":
+        raise SensprofError("--scales-out is for --format sglang; use --write-checkpoint DIR for vllm")
+    if args.hub_id is not None and args.format != "vllm":
+        raise SensprofError("--hub-id is for --format vllm (sglang and llama.cpp serve the GGUF file itself)")
+
+
 def run_export(args) -> str:
     from .export import check_format, command_line, memory_comments
 
     plan = load_plan(args.plan)
     check_format(plan, args.format)
-    if args.gpu_mem_gib is not None and not args.gpu_mem_gib > 0:
-        raise SensprofError(f"--gpu-mem-gib must be positive, got {args.gpu_mem_gib}")
+    _check_export_args(args)
+    name = args.model or plan.model_id
     lines = []
     model_path = _model_path(plan, args.model)
-    if args.write_checkpoint:
-        if args.format != "vllm":
-            raise SensprofError("--write-checkpoint is for --format vllm; use --scales-out for sglang")
-        from .export.checkpoint import write_checkpoint
-
-        loaded = _load_for_plan(plan, args.model, "cpu")
-        write_checkpoint(plan, loaded.model, loaded.tokenizer, args.write_checkpoint)
-        model_path = args.write_checkpoint
-        lines.append(f"# wrote {args.write_checkpoint}: weights + calibrated per-layer k_scale/v_scale "
-                     "(compressed-tensors kv_cache_scheme) + llmcompressor_recipe.yaml")
-    elif args.model:
-        _load_for_plan(plan, args.model, "cpu")  # refuse a plan made for another model
     if args.format == "vllm":
-        from .export.vllm import vllm_argv
+        from .export.vllm import gguf_model_for_vllm, vllm_argv
 
-        argv = vllm_argv(plan, model_path, args.vllm_version)
-        if model_path.endswith(".gguf"):
-            lines.append("# vLLM reads GGUF weights but needs the original tokenizer: add --tokenizer <hub id>, "
-                         "e.g. HuggingFaceTB/SmolLM2-135M-Instruct for smollm2-135m")
-        if plan.engine.get("needs_scales") and not args.write_checkpoint:
-            lines.append("# this plan was measured with calibrated scales: add --write-checkpoint DIR to get them "
-                         "into vLLM (without them vLLM uses scale 1.0)")
+        vllm_argv(plan, "-", args.vllm_version, args.vllm_gpu)  # refuse a bad version, dtype or GPU before loading
+        if args.hub_id is not None and not _is_gguf(name):
+            raise SensprofError(f"--hub-id is for GGUF models; vLLM serves {name} as it is")
+        if args.write_checkpoint:
+            from .export.checkpoint import has_scales, write_checkpoint
+
+            loaded = _load_quietly(plan, args.model)  # float32: a GGUF dequantizes fully; saved as bf16
+            write_checkpoint(plan, loaded.model, loaded.tokenizer, args.write_checkpoint)
+            model_path = args.write_checkpoint
+            if has_scales(plan):
+                lines.append(f"# wrote {model_path}: bf16 weights + calibrated per-layer k_scale/v_scale "
+                             "(compressed-tensors kv_cache_scheme) + llmcompressor_recipe.yaml")
+            else:
+                lines.append(f"# wrote {model_path}: bf16 weights and tokenizer, no KV scales: vLLM quantizes "
+                             f"{plan.engine.get('kv_cache_dtype')} with its own scales, so the dtype goes on the command line")
+        else:
+            if args.model:
+                _load_quietly(plan, args.model)  # refuse a plan made for another model
+            if _is_gguf(name):
+                model_path, notes = gguf_model_for_vllm(name, args.hub_id)
+                lines += notes
+            if plan.engine.get("needs_scales"):
+                lines.append("# this plan was measured with calibrated scales: add --write-checkpoint DIR to get "
+                             "them into vLLM (without them vLLM uses scale 1.0)")
+        argv = vllm_argv(plan, model_path, args.vllm_version, args.vllm_gpu)
+        from .export.vllm import vllm_comments
+
+        lines = vllm_comments(plan, args.gpu_mem_gib) + lines
     elif args.format == "sglang":
-        from .export.sglang import sglang_argv, sglang_scales
+        from .export.sglang import check_scales, sglang_argv, sglang_scales
         from .table import write_json
 
-        scales = args.scales_out
-        if scales:
-            write_json(scales, sglang_scales(plan))
-            lines.append(f"# wrote {scales}: per-layer KV scales (--quantization-param-path)")
-        argv = sglang_argv(plan, model_path, scales)
-    else:
-        from .export.llamacpp import llamacpp_argv
+        if args.model:
+            _load_quietly(plan, args.model)
+        if args.scales_out:
+            from .models import model_config
 
+            check_scales(plan)
+            cfg = model_config(name)
+            cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg  # what SGLang's text model holds
+            layers = getattr(cfg, "num_hidden_layers", len(plan.layers))
+            write_json(args.scales_out, sglang_scales(plan, type(cfg).model_type or cfg.model_type, layers, args.tp))
+            lines.append(f"# wrote {args.scales_out}: per-layer KV scales for TP ranks 0..{args.tp - 1} "
+                         "(--quantization-param-path)")
+        elif plan.engine.get("needs_scales"):
+            lines.append("# this plan was measured with calibrated scales: add --scales-out FILE to get them into "
+                         "SGLang (without them SGLang uses scale 1.0)")
+        argv = sglang_argv(plan, model_path, args.scales_out, args.tp)
+    else:
+        from .export.llamacpp import build_comments, llamacpp_argv
+
+        if args.model:
+            _load_quietly(plan, args.model)
         argv = llamacpp_argv(plan, model_path)
-    return "\n".join([command_line(argv), *memory_comments(plan, args.gpu_mem_gib), *lines])
+        lines += build_comments(plan)
+    pool_lines = [ln for ln in lines if ln.startswith("# vLLM's KV pool")]
+    return "\n".join([command_line(argv), *memory_comments(plan, args.gpu_mem_gib, fit=not pool_lines), *lines])
 
 
 def run_generate(args) -> str:

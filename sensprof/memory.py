@@ -27,6 +27,10 @@ def bits_per_element(scheme: QuantScheme, head_dim: int) -> float:
     """Long-context average bits per cached element (codes + per-group scales and zero-points)."""
     if scheme.is_identity:
         return float(MODEL_BITS)
+    if scheme.is_engine:  # an engine's own slot layout, as the engine allocates it
+        from .engines.vllm.catalog import bits_per_element as engine_bits
+
+        return engine_bits(scheme, head_dim)
     g = effective_group(scheme, head_dim)
     per_scale = scheme.scale_bits + scheme.zero_bits
     if scheme.granularity == "token":

@@ -109,7 +109,7 @@ def _plan_free(problem: Problem, target: Target, budget: Budget) -> Solution:
 
     t0 = time.perf_counter()
     layers, limit, sc = problem.layers, budget.limit(problem.layers), _scale(problem)
-    opts = {t: problem.options[t] + [NONE] for t in ("K", "V")}
+    opts = {t: [s for s in problem.options[t] if _runtime_format(s)] + [NONE] for t in ("K", "V")}
     min_cost = sum(min(_cost(budget, layer, s) for s in opts[t]) for layer in layers for t in ("K", "V"))
     _require_feasible(min_cost, budget, layers, target)
     prob = pulp.LpProblem("sensprof_free", pulp.LpMinimize)
@@ -128,6 +128,12 @@ def _plan_free(problem: Problem, target: Target, budget: Budget) -> Solution:
     _polish(problem, budget, opts, pick, limit)
     choices = [(pick[(i, "K")], pick[(i, "V")]) for i in range(len(layers))]
     return _finish(problem, budget, choices, {}, status, time.perf_counter() - t0)
+
+
+def _runtime_format(name: str) -> bool:
+    """The free target is run by sensprof's runtime, which stores sensprof's formats, not an engine's."""
+    s = get_scheme(name)
+    return not (s.is_engine or s.query)
 
 
 def _polish(problem: Problem, budget: Budget, opts, pick: dict, limit: float) -> None:
@@ -151,39 +157,53 @@ def _polish(problem: Problem, budget: Budget, opts, pick: dict, limit: float) ->
 
 
 def _dtypes_both(problem: Problem, target: Target, include_none: bool) -> list[EngineDtype]:
-    out = [d for d in target.dtypes if d.scheme != NONE
-           and d.scheme in problem.options["K"] and d.scheme in problem.options["V"]]
+    """The target's dtypes whose K and V schemes were both profiled on every layer."""
+    out = [d for d in target.dtypes if d.k_scheme != NONE
+           and d.k_scheme in problem.options["K"] and d.v_scheme in problem.options["V"]]
     if include_none:
-        out = [d for d in target.dtypes if d.scheme == NONE] + out
+        out = [d for d in target.dtypes if d.k_scheme == NONE] + out
     if not out:
-        have = sorted(set(problem.options["K"]) & set(problem.options["V"]))
-        need = sorted({d.scheme for d in target.dtypes if d.scheme != NONE})
+        have = sorted(set(problem.options["K"]) | set(problem.options["V"]))
+        need = target.schemes_needed()
         raise SensprofError(
             f"the profile has none of the schemes target {target.name} needs ({', '.join(need)}); it has "
-            f"{', '.join(have) or 'none'}: re-run `sensprof profile --schemes` with some of them")
+            f"{', '.join(have) or 'none'}: re-run `sensprof profile --target {target.name}` to profile them")
     return out
 
 
 def _plan_global_skip(problem: Problem, target: Target, budget: Budget, num_skip: int | None) -> Solution:
+    """One dtype for every layer but a set kept at the model dtype. A dtype with boundary layers (vLLM's
+    TurboQuant) forces those into the set, priced at the model dtype; --num-skip counts the planner's own."""
     import pulp
 
     t0 = time.perf_counter()
     layers, limit, sc = problem.layers, budget.limit(problem.layers), _scale(problem)
     n = len(layers)
     dts = _dtypes_both(problem, target, include_none=False)
+    forced = [set(d.forced_skips(n)) for d in dts]
     full = [_cost(budget, layer, NONE) * 2 for layer in layers]
-    cost = {(i, d): _cost(budget, layers[i], dts[d].scheme) * 2 for i in range(n) for d in range(len(dts))}
-    if num_skip is None:
-        min_cost = min(sum(min(cost[(i, d)], full[i]) for i in range(n)) for d in range(len(dts)))
-    else:
-        min_cost = min(sum(sorted(cost[(i, d)] - full[i] for i in range(n))[:n - num_skip]) + sum(full)
-                       for d in range(len(dts)))
+    cost = {(i, d): _cost(budget, layers[i], dts[d].k_scheme) + _cost(budget, layers[i], dts[d].v_scheme)
+            for i in range(n) for d in range(len(dts))}
+
+    def cheapest(d):
+        free = [i for i in range(n) if i not in forced[d]]
+        extra = sorted(cost[(i, d)] - full[i] for i in free)
+        if num_skip is None:
+            return sum(full) + sum(min(e, 0.0) for e in extra)
+        if num_skip > len(free):
+            return float("inf")
+        return sum(full) + sum(extra[:len(free) - num_skip])
+
+    min_cost = min(cheapest(d) for d in range(len(dts)))
+    if min_cost == float("inf"):
+        raise SensprofError(f"--num-skip {num_skip} leaves no layer to quantize once vLLM's own boundary layers "
+                            "are kept; pass a smaller --num-skip")
     _require_feasible(min_cost, budget, layers, target)
     prob = pulp.LpProblem("sensprof_vllm", pulp.LpMinimize)
     y = [pulp.LpVariable(f"y_{d}", cat="Binary") for d in range(len(dts))]
     u = [pulp.LpVariable(f"skip_{i}", cat="Binary") for i in range(n)]
     z = {(i, d): pulp.LpVariable(f"z_{i}_{d}", lowBound=0, upBound=1) for i in range(n) for d in range(len(dts))}
-    dmg = {(i, d): problem.cell(i, "K", dts[d].scheme) + problem.cell(i, "V", dts[d].scheme)
+    dmg = {(i, d): problem.cell(i, "K", dts[d].k_scheme) + problem.cell(i, "V", dts[d].v_scheme)
            for i in range(n) for d in range(len(dts))}
     prob += pulp.lpSum(sc * dmg[k] * v for k, v in z.items())
     prob += pulp.lpSum(y) == 1
@@ -191,18 +211,23 @@ def _plan_global_skip(problem: Problem, target: Target, budget: Budget, num_skip
         prob += v <= y[d]
         prob += v <= 1 - u[i]
         prob += v >= y[d] - u[i]
+    for d in range(len(dts)):
+        for i in forced[d]:
+            prob += u[i] >= y[d]
     prob += (pulp.lpSum(full[i] / limit * u[i] for i in range(n))
              + pulp.lpSum(cost[k] / limit * v for k, v in z.items())) <= 1 + 1e-9
     if num_skip is not None:
-        prob += pulp.lpSum(u) == num_skip
+        prob += pulp.lpSum(u) - pulp.lpSum(len(forced[d]) * y[d] for d in range(len(dts))) == num_skip
     status, elapsed = _solve(prob, t0)
     if status != "Optimal":
         raise SensprofError(f"the solver ended with status {status}; try a larger budget")
     d = next(j for j in range(len(dts)) if y[j].value() > 0.5)
     skipped = [i for i in range(n) if u[i].value() > 0.5]
-    choices = [(NONE, NONE) if i in skipped else (dts[d].scheme, dts[d].scheme) for i in range(n)]
-    engine = {"kv_cache_dtype": dts[d].flag_value if len(skipped) < n else "auto", "scheme": dts[d].scheme,
-              "skip_layers": skipped, "needs_scales": dts[d].needs_scales}
+    dt = dts[d]
+    choices = [(NONE, NONE) if i in skipped else dt.schemes for i in range(n)]
+    engine = {"kv_cache_dtype": dt.flag_value if len(skipped) < n else "auto", "k_scheme": dt.k_scheme,
+              "v_scheme": dt.v_scheme, "skip_layers": skipped, "forced_skip_layers": sorted(forced[d]),
+              "needs_scales": dt.needs_scales, "vllm_gpu": target.gpu}
     return _finish(problem, budget, choices, engine, status, elapsed)
 
 
@@ -226,21 +251,23 @@ def _plan_pairs(problem: Problem, target: Target, budget: Budget, tied: bool) ->
         dts = _dtypes_both(problem, target, include_none=True)
         k_opts = v_opts = dts
     else:
-        k_opts = [d for d in target.dtypes if d.scheme == NONE or d.scheme in problem.options["K"]]
-        v_opts = [d for d in target.dtypes if d.scheme == NONE or d.scheme in problem.options["V"]]
+        k_opts = [d for d in target.dtypes if d.k_scheme == NONE or d.k_scheme in problem.options["K"]]
+        v_opts = [d for d in target.dtypes if d.v_scheme == NONE or d.v_scheme in problem.options["V"]]
         if len(k_opts) <= 1 and len(v_opts) <= 1:
             _dtypes_both(problem, target, include_none=False)  # raises the "profile lacks schemes" error
 
     def total(tensor, d):
-        return (sum(problem.cell(i, tensor, d.scheme) for i in range(n)),
-                sum(_cost(budget, layers[i], d.scheme) for i in range(n)))
+        scheme = d.k_scheme if tensor == "K" else d.v_scheme
+        return (sum(problem.cell(i, tensor, scheme) for i in range(n)),
+                sum(_cost(budget, layers[i], scheme) for i in range(n)))
 
     kt = [total("K", d) for d in k_opts]
     vt = [total("V", d) for d in v_opts]
+    allowed = [(j, m) for j in range(len(k_opts)) for m in range(len(v_opts)) if target.allows(k_opts[j], v_opts[m])]
     if tied:
         min_cost = min(kt[j][1] + vt[j][1] for j in range(len(k_opts)))
     else:
-        min_cost = min(c for _, c in kt) + min(c for _, c in vt)
+        min_cost = min(kt[j][1] + vt[m][1] for j, m in allowed)
     _require_feasible(min_cost, budget, layers, target)
     prob = pulp.LpProblem("sensprof_global", pulp.LpMinimize)
     yk = [pulp.LpVariable(f"k_{j}", cat="Binary") for j in range(len(k_opts))]
@@ -250,6 +277,10 @@ def _plan_pairs(problem: Problem, target: Target, budget: Budget, tied: bool) ->
     prob += pulp.lpSum(yk) == 1
     if not tied:
         prob += pulp.lpSum(yv) == 1
+        for j in range(len(k_opts)):
+            for m in range(len(v_opts)):
+                if (j, m) not in allowed:
+                    prob += yk[j] + yv[m] <= 1
     prob += (pulp.lpSum(kt[j][1] / limit * yk[j] for j in range(len(k_opts)))
              + pulp.lpSum(vt[j][1] / limit * yv[j] for j in range(len(v_opts)))) <= 1 + 1e-9
     status, elapsed = _solve(prob, t0)
@@ -257,9 +288,10 @@ def _plan_pairs(problem: Problem, target: Target, budget: Budget, tied: bool) ->
         raise SensprofError(f"the solver ended with status {status}; try a larger budget")
     dk = k_opts[next(j for j in range(len(k_opts)) if yk[j].value() > 0.5)]
     dv = v_opts[next(j for j in range(len(v_opts)) if yv[j].value() > 0.5)]
-    choices = [(dk.scheme, dv.scheme)] * n
+    choices = [(dk.k_scheme, dv.v_scheme)] * n
     if tied:
-        engine = {"kv_cache_dtype": dk.flag_value, "scheme": dk.scheme, "needs_scales": dk.needs_scales}
+        engine = {"kv_cache_dtype": dk.flag_value, "k_scheme": dk.k_scheme, "v_scheme": dk.v_scheme,
+                  "needs_scales": dk.needs_scales}
     else:
         engine = {"cache_type_k": dk.flag_value, "cache_type_v": dv.flag_value}
     return _finish(problem, budget, choices, engine, status, elapsed)

@@ -18,6 +18,7 @@ from . import __version__
 from .errors import SensprofError
 from .hooks import attention_taps, record_layer_outputs, replay_from
 from .memory import bits_per_element
+from .schemes import scheme_revision
 from .metrics import kl_and_dnll, log_probs, token_nll
 from .models import describe_layers, fingerprint, layer_infos_to_json
 from .schemes import QuantScheme
@@ -194,7 +195,7 @@ def run_profile(model, input_ids: torch.Tensor, schemes: list[QuantScheme], *, l
             "model": {"id": model_id, "fingerprint": settings["model_fingerprint"],
                       "class": type(model).__name__},
             "layers": layer_infos_to_json(infos), "has_rope": [has_rope[i] for i in range(n_layers)],
-            "schemes": {s.name: {"description": s.description,
+            "schemes": {s.name: {"description": s.description, "revision": scheme_revision(s.name),
                                  "bits_per_element": {str(hd): bits_per_element(s, hd)
                                                       for hd in sorted({i.head_dim for i in infos})}}
                         for s in schemes},

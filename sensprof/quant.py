@@ -49,13 +49,19 @@ def quantize_groups(xg: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor 
             scale = torch.ones_like(xg[..., :1])
         else:
             amax = absmax if absmax is not None else xg.abs().amax(-1, keepdim=True)
-            scale = (amax / fmax).expand_as(xg[..., :1]).float()
-        y = (xg * _safe_inverse(scale)).clamp(-fmax, fmax).to(_FP8_DTYPES[scheme.format])
+            scale = (amax / fmax).expand_as(xg[..., :1]).float().clamp_min(scheme.scale_floor)
+        # As vLLM writes them: a fixed k_scale/v_scale divides (x / k_scale), a dynamic per-token-head scale
+        # multiplies by its inverse (x * (1 / scale)); ties land differently, so both are kept.
+        if scheme.scale_source == "dynamic":
+            y = xg * _safe_inverse(scale)
+        else:
+            y = torch.where(scale > 0, xg / torch.where(scale > 0, scale, 1.0), 0.0)
+        y = y.clamp(-fmax, fmax).to(_FP8_DTYPES[scheme.format])
         return Quantized(y, scale, None)
     if scheme.codec == "absmax":
         qmax = 2 ** (b - 1) - 1
         amax = absmax if absmax is not None else xg.abs().amax(-1, keepdim=True)
-        scale = (amax / qmax).expand_as(xg[..., :1]).float()
+        scale = (amax / qmax).expand_as(xg[..., :1]).float().clamp_min(scheme.scale_floor)
         codes = round_half_away(xg * _safe_inverse(scale)).clamp(-qmax, qmax)
         return Quantized(codes, _stored(scale, scheme.scale_bits), None)
     if scheme.codec == "signed_max":
@@ -108,6 +114,10 @@ def fake_quant(x: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor | None
     """
     if scheme.is_identity:
         return x
+    if scheme.is_engine:
+        from .engines.emulations import emulate
+
+        return emulate(scheme, x)
     out_dtype = x.dtype
     xf = x.float()
     s = min(scheme.sink, xf.shape[-2])
@@ -137,3 +147,13 @@ def fake_quant(x: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor | None
     if s:
         deq = torch.cat([xf[..., :s, :], deq], dim=-2)
     return deq.to(out_dtype)
+
+
+def quantize_query(key_scheme: QuantScheme | None, query: torch.Tensor) -> torch.Tensor:
+    """The query attention really uses: some engine formats transform it too (vLLM's FlashAttention 3 casts it
+    to fp8 e4m3 when the cache is fp8); every other scheme leaves it as is."""
+    if key_scheme is None or not key_scheme.query:
+        return query
+    from .engines.emulations import get_query_transform
+
+    return get_query_transform(key_scheme.query)(query).to(query.dtype)

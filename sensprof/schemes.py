@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from .errors import SensprofError
 
-FORMATS = ("none", "int", "fp8_e4m3", "fp8_e5m2")
+# "engine": an engine's own format (rotations, codebooks, packed scales) emulated by sensprof.engines.
+FORMATS = ("none", "int", "fp8_e4m3", "fp8_e5m2", "engine")
 # How statistics are grouped over a cached tensor of shape [batch, kv_heads, tokens, head_dim]:
 #   tensor  one scale for the layer's whole tensor       head     one scale per KV head
 #   token   per token, over groups of G channels         channel  per channel, over groups of G tokens
@@ -24,7 +25,8 @@ GRANULARITIES = ("tensor", "head", "token", "channel")
 #   absmax      symmetric integers in [-(2^(b-1)-1), 2^(b-1)-1], scale = absmax / (2^(b-1)-1)
 #   signed_max  llama.cpp q4_0/q5_0: scale = (value of largest magnitude) / -2^(b-1), codes 0..2^b-1
 #   minmax      asymmetric: scale = (max-min)/(2^b-1), zero-point = min (KIVI, llama.cpp q4_1/q5_1)
-CODECS = ("none", "fp8", "absmax", "signed_max", "minmax")
+#   engine      the registered emulation named by `emulation` (sensprof/engines/)
+CODECS = ("none", "fp8", "absmax", "signed_max", "minmax", "engine")
 SCALE_SOURCES = ("none", "dynamic", "unit", "calibrated")
 FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 
@@ -46,6 +48,10 @@ class QuantScheme:
     residual: int = 0
     sink: int = 0
     description: str = ""
+    emulation: str = ""  # engine formats: the key of the write/read emulation (sensprof/engines/)
+    tensor: str = ""  # "K" or "V" for a format that only one of them uses; "" for both
+    scale_floor: float = 0.0  # dynamic scales below this are raised to it (vLLM per-token-head: 1e-6)
+    query: str = ""  # keys only: the engine's transform of the query (e.g. its fp8 cast), an emulation key
 
     def __post_init__(self):
         def bad(what):
@@ -59,6 +65,12 @@ class QuantScheme:
             bad(f"granularity {self.granularity!r} is not one of {GRANULARITIES}")
         if self.scale_source not in SCALE_SOURCES:
             bad(f"scale source {self.scale_source!r} is not one of {SCALE_SOURCES}")
+        if (self.format == "engine") != (self.codec == "engine") or (self.codec == "engine") != bool(self.emulation):
+            bad("engine formats use the engine codec and name their emulation")
+        if self.tensor not in ("", "K", "V"):
+            bad(f"tensor {self.tensor!r} is not K, V or empty")
+        if self.query and self.tensor != "K":
+            bad("a query transform belongs to a key scheme (tensor K)")
         if self.format == "int" and not 2 <= self.bits <= 8:
             bad("integer schemes need 2..8 bits")
         if self.format.startswith("fp8") and (self.bits != 8 or self.codec != "fp8"):
@@ -81,8 +93,14 @@ class QuantScheme:
         return self.format == "none"
 
     def applies_to(self, tensor: str) -> bool:
-        """Pre-RoPE storage only means something for keys."""
+        """Pre-RoPE storage only means something for keys; some engine formats exist for K or V only."""
+        if self.tensor and tensor != self.tensor:
+            return False
         return not (self.pre_rope and tensor != "K")
+
+    @property
+    def is_engine(self) -> bool:
+        return self.format == "engine"
 
 
 def _base_schemes() -> list[QuantScheme]:
@@ -100,14 +118,12 @@ def _base_schemes() -> list[QuantScheme]:
                         description=f"{fmt}, one calibrated scale per KV head"),
         ]
     s += [
-        QuantScheme("fp8_per_token_head", "fp8_e4m3", 8, "fp8", "token", None, "dynamic", 32,
+        QuantScheme("fp8_per_token_head", "fp8_e4m3", 8, "fp8", "token", None, "dynamic", 32, scale_floor=1e-6,
                     description="vLLM fp8_per_token_head: e4m3 with a dynamic fp32 scale per token and head"),
         QuantScheme("int8", "int", 8, "absmax", "tensor", scale_source="calibrated", scale_bits=0,
                     description="int8 symmetric, one calibrated scale per layer"),
-        QuantScheme("int8_per_token_head", "int", 8, "absmax", "token", None, "dynamic", 32,
+        QuantScheme("int8_per_token_head", "int", 8, "absmax", "token", None, "dynamic", 32, scale_floor=1e-6,
                     description="vLLM int8_per_token_head: symmetric, dynamic fp32 scale per token and head"),
-        QuantScheme("int4_per_token_head", "int", 4, "absmax", "token", None, "dynamic", 32,
-                    description="vLLM int4_per_token_head: symmetric, dynamic fp32 scale per token and head"),
         # llama.cpp cache types: per token, blocks of 32 along the head dimension, fp16 scales.
         QuantScheme("q8_0", "int", 8, "absmax", "token", 32, "dynamic", 16,
                     description="llama.cpp q8_0: symmetric 8-bit blocks of 32, fp16 scale"),
@@ -133,6 +149,17 @@ def _base_schemes() -> list[QuantScheme]:
 
 REGISTRY: dict[str, QuantScheme] = {s.name: s for s in _base_schemes()}
 
+
+def _register_engine_schemes() -> None:
+    """Engine formats live beside their emulations (sensprof/engines/); their catalog imports no torch."""
+    from .engines.vllm.catalog import engine_schemes
+
+    for s in engine_schemes():
+        REGISTRY[s.name] = s
+
+
+_register_engine_schemes()
+
 # A small set that shows the main trade-offs in a few minutes on a CPU.
 DEFAULT_SCHEMES = (
     "fp8_e4m3",
@@ -148,12 +175,25 @@ DEFAULT_SCHEMES = (
 _MODIFIERS = re.compile(r"^(?P<base>.+?)(?P<pre>_pre)?(?:_r(?P<r>\d+))?(?:_s(?P<s>\d+))?$")
 
 
+# Schemes whose emulation changed after profiles were written with it: a profile records each scheme's revision
+# (absent = 1), and the planner ignores cells measured by an older one. 2: int4_per_token_head follows vLLM's
+# rotated asymmetric write (it was a symmetric +-7 per-token-head quantizer).
+REVISIONS = {"int4_per_token_head": 2}
+
+
+def scheme_revision(name: str) -> int:
+    return REVISIONS.get(name, 1)
+
+
 def get_scheme(name: str) -> QuantScheme:
     """Look a scheme up by name, modifiers included; unknown names list the valid ones."""
     if name in REGISTRY:
         return REGISTRY[name]
     m = _MODIFIERS.match(name)
     base = REGISTRY.get(m.group("base")) if m else None
+    if base is not None and (base.is_engine or base.query):
+        raise SensprofError(f"scheme {m.group('base')!r} is an engine's own format and takes no modifiers; "
+                            f"use {m.group('base')!r} as it is")
     if base is None or base.is_identity:
         raise SensprofError(
             f"unknown scheme {name!r}; valid schemes are {', '.join(scheme_names())}, optionally "

@@ -9,7 +9,7 @@ import torch
 
 from .hooks import apply_rope, undo_rope
 from .metrics import MomentStats, attention_kl, relative_l2
-from .quant import fake_quant
+from .quant import fake_quant, quantize_query
 from .schemes import QuantScheme
 
 
@@ -139,7 +139,8 @@ class QuantTap:
             m = mask[sl] if mask is not None and mask.shape[0] > 1 else mask
             r = None if rope is None else tuple(t[sl] if t.shape[0] > 1 else t for t in rope)
             k_q, v_q = self.quantize_key(k_scheme, k, r), self.quantize_value(v_scheme, v)
-            out_q, w_q = quantized_attention(eager, module, q, k, v, k_q, v_q, k_scheme, v_scheme, m, kwargs)
+            out_q, w_q = quantized_attention(eager, module, quantize_query(k_scheme, q), k, v, k_q, v_q,
+                                             k_scheme, v_scheme, m, kwargs)
             if self.want_local:
                 out_b, w_b = eager(module, q, k, v, m, **kwargs)
                 self.local.append((attention_kl(w_b, w_q).cpu(), relative_l2(out_b, out_q).cpu()))

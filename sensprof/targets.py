@@ -2,25 +2,46 @@
 
 A target offers *options* for each tensor of each layer and constraints that tie them:
   sensprof  any profiled scheme per layer, K and V independent (sensprof's own runtime runs it)
-  vllm      one global --kv-cache-dtype for K and V, plus a set of layers kept at the model dtype
+  vllm      one global --kv-cache-dtype (its K and V formats), plus layers kept at the model dtype
   sglang    one global dtype for K and V, no skipping
   llamacpp  one K type and one V type for all layers (-ctk / -ctv)
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .errors import SensprofError
 
+VLLM_GPUS = ("hopper", "ampere", "blackwell", "rocm")
+DEFAULT_VLLM_GPU = "hopper"
+
 
 @dataclass(frozen=True)
 class EngineDtype:
-    """One value of an engine's KV-cache flag, and the profiled scheme that reproduces it."""
+    """One value of an engine's KV-cache flag, and the profiled schemes that reproduce its K and V."""
 
     flag_value: str
-    scheme: str
+    k_scheme: str
+    v_scheme: str
     needs_scales: bool = False  # calibrated: the engine must be given per-layer scales
+    boundary_skip: int = 0  # the engine itself keeps the first and last N attention layers at the model dtype
+    since: str = ""  # first engine version that accepts the flag value ("" = any we emit for)
+
+    @property
+    def schemes(self) -> tuple[str, str]:
+        return self.k_scheme, self.v_scheme
+
+    def forced_skips(self, n_layers: int) -> list[int]:
+        """Layers the engine keeps at the model dtype whatever the user asks: vLLM's boundary layers, the first
+        and last min(N, layers // 2) of a dense model (TurboQuantConfig.get_boundary_skip_layers)."""
+        b = min(self.boundary_skip, n_layers // 2)
+        return sorted(set(range(b)) | set(range(max(0, n_layers - b), n_layers)))
+
+
+def same(flag: str, scheme: str | None = None, **kw) -> EngineDtype:
+    return EngineDtype(flag, scheme or flag, scheme or flag, **kw)
 
 
 @dataclass(frozen=True)
@@ -29,54 +50,85 @@ class Target:
     structure: str  # "free" | "global_skip" | "global" | "global_kv"
     dtypes: tuple[EngineDtype, ...] = ()
     description: str = ""
+    gpu: str | None = None  # vllm: the GPU generation the dtypes were chosen for
+    pairs: frozenset | None = None  # global_kv: the (K flag, V flag) pairs allowed; None = any
 
-    def available(self, profiled: set[str]) -> tuple[EngineDtype, ...]:
-        return tuple(d for d in self.dtypes if d.scheme in profiled or d.scheme == "none")
+    def allows(self, k: EngineDtype, v: EngineDtype) -> bool:
+        return self.pairs is None or (k.flag_value, v.flag_value) in self.pairs
+
+    def schemes_needed(self) -> list[str]:
+        """Every scheme a profile must hold for this target to consider all its dtypes."""
+        return list(dict.fromkeys(s for d in self.dtypes for s in d.schemes if s != "none"))
 
 
-# vLLM 0.33 spellings (vllm/config/cache.py); "fp8" is vLLM's alias of fp8_e4m3.
-VLLM_DTYPES = (
-    EngineDtype("fp8_e4m3", "fp8_e4m3"),
-    EngineDtype("fp8_e4m3", "fp8_e4m3_cal", needs_scales=True),
-    EngineDtype("fp8_e5m2", "fp8_e5m2"),
-    EngineDtype("fp8_per_token_head", "fp8_per_token_head"),
-    EngineDtype("int8_per_token_head", "int8_per_token_head"),
-    EngineDtype("int4_per_token_head", "int4_per_token_head"),
-)
 SGLANG_DTYPES = (
-    EngineDtype("auto", "none"),
-    EngineDtype("fp8_e4m3", "fp8_e4m3"),
-    EngineDtype("fp8_e4m3", "fp8_e4m3_cal", needs_scales=True),
-    EngineDtype("fp8_e5m2", "fp8_e5m2"),
-    EngineDtype("fp8_e5m2", "fp8_e5m2_cal", needs_scales=True),
+    same("auto", "none"),
+    same("fp8_e4m3"),
+    same("fp8_e4m3", "fp8_e4m3_cal", needs_scales=True),
+    same("fp8_e5m2"),
 )
 LLAMACPP_TYPES = (
-    EngineDtype("f16", "none"),
-    EngineDtype("q8_0", "q8_0"),
-    EngineDtype("q5_1", "q5_1"),
-    EngineDtype("q5_0", "q5_0"),
-    EngineDtype("q4_1", "q4_1"),
-    EngineDtype("q4_0", "q4_0"),
+    same("f16", "none"),
+    same("q8_0"),
+    same("q5_1"),
+    same("q5_0"),
+    same("q4_1"),
+    same("q4_0"),
 )
+
+# llama.cpp's CUDA flash-attention kernels (ggml/src/ggml-cuda/fattn.cu): without -DGGML_CUDA_FA_ALL_QUANTS=ON a
+# build has them for same-type f16/q4_0/q8_0/bf16 and K q8_0 / V q4_0 only; a quantized K with an f16 V needs no
+# flash attention (src/llama-context.cpp), so it runs on any build.
+LLAMACPP_K_TYPES = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+CUDA_DEFAULT_FA_PAIRS = frozenset({("f16", "f16"), ("q4_0", "q4_0"), ("q8_0", "q8_0"), ("q8_0", "q4_0"),
+                                   ("bf16", "bf16")})
+LLAMACPP_BUILDS = {
+    "any": None,
+    "cuda-default": CUDA_DEFAULT_FA_PAIRS | {(k, "f16") for k in LLAMACPP_K_TYPES},
+}
 
 TARGETS = {
     "sensprof": Target("sensprof", "free", description="any profiled scheme per layer, K and V independent"),
-    "vllm": Target("vllm", "global_skip", VLLM_DTYPES,
-                   "one --kv-cache-dtype for K and V, plus --kv-cache-dtype-skip-layers kept at the model dtype"),
+    "vllm": Target("vllm", "global_skip", (),
+                   "one --kv-cache-dtype (its own K and V formats), plus --kv-cache-dtype-skip-layers kept at the "
+                   "model dtype"),
     "sglang": Target("sglang", "global", SGLANG_DTYPES, "one --kv-cache-dtype for K and V, no skipping"),
     "llamacpp": Target("llamacpp", "global_kv", LLAMACPP_TYPES, "one K type (-ctk) and one V type (-ctv) for all layers"),
 }
 
 
-def get_target(name: str) -> Target:
+def check_vllm_gpu(gpu: str) -> str:
+    if gpu not in VLLM_GPUS:
+        raise SensprofError(f"unknown --vllm-gpu {gpu!r}; choose one of {', '.join(VLLM_GPUS)}")
+    return gpu
+
+
+def get_target(name: str, vllm_gpu: str | None = None, llamacpp_build: str | None = None,
+               head_dims=None) -> Target:
+    """The target as the planner sees it: vLLM's dtypes that run on `vllm_gpu` (default hopper) with the model's
+    `head_dims`, llama.cpp's pairs that `llamacpp_build` runs."""
     try:
-        return TARGETS[name]
+        target = TARGETS[name]
     except KeyError:
         raise SensprofError(f"unknown target {name!r}; choose one of {', '.join(TARGETS)}") from None
+    if vllm_gpu is not None and name != "vllm":
+        raise SensprofError(f"--vllm-gpu only applies to target vllm, not {name}")
+    if llamacpp_build is not None and name != "llamacpp":
+        raise SensprofError(f"--llamacpp-build only applies to target llamacpp, not {name}")
+    if name == "vllm":
+        from .engines.vllm.catalog import engine_dtypes
+
+        gpu = check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU)
+        return dataclasses.replace(target, dtypes=engine_dtypes(gpu, head_dims), gpu=gpu)
+    if llamacpp_build is not None:
+        if llamacpp_build not in LLAMACPP_BUILDS:
+            raise SensprofError(f"unknown --llamacpp-build {llamacpp_build!r}; choose one of {', '.join(LLAMACPP_BUILDS)}")
+        return dataclasses.replace(target, pairs=LLAMACPP_BUILDS[llamacpp_build])
+    return target
 
 
-def engine_dtype_for(target: Target, scheme: str) -> EngineDtype | None:
+def engine_dtype_for(target: Target, k_scheme: str, v_scheme: str | None = None) -> EngineDtype | None:
     for d in target.dtypes:
-        if d.scheme == scheme:
+        if d.k_scheme == k_scheme and d.v_scheme == (v_scheme or k_scheme):
             return d
     return None

@@ -34,29 +34,50 @@ def layer_choices(plan: Plan, pairs) -> list[LayerPlan]:
 
 
 def reference_configs(plan: Plan) -> dict[str, list[LayerPlan]]:
-    """Uniform configurations to compare the plan with: the common ones and the target's own
-    (each distinct choice once)."""
+    """Uniform configurations to compare the plan with: the common ones and the target's own (each distinct
+    choice once); for vLLM, each dtype alone with only the layers vLLM itself keeps (its default)."""
     configs = _Distinct()
     for name, pair in UNIFORM.items():
         configs.setdefault(name, layer_choices(plan, pair))
-    target = get_target(plan.target)
-    if plan.target in ("vllm", "sglang"):
+    n = len(plan.layers)
+    if plan.target == "vllm":
+        target = get_target("vllm", plan.engine.get("vllm_gpu"), head_dims={p.head_dim for p in plan.layers})
         for d in target.dtypes:
-            if d.scheme != "none":
-                configs.setdefault(f"{plan.target} {d.flag_value} ({d.scheme}), all layers",
-                                   layer_choices(plan, (d.scheme, d.scheme)))
+            forced = set(d.forced_skips(n))
+            note = f", vLLM keeps layers {_ranges(sorted(forced))}" if forced else ", all layers"
+            schemes = d.k_scheme if d.k_scheme == d.v_scheme else f"{d.k_scheme} / {d.v_scheme}"
+            configs.setdefault(f"vllm {d.flag_value} ({schemes}){note}", layer_choices(
+                plan, [("none", "none") if i in forced else d.schemes for i in range(n)]))
+    if plan.target == "sglang":
+        for d in get_target("sglang").dtypes:
+            if d.k_scheme != "none":
+                configs.setdefault(f"sglang {d.flag_value} ({d.k_scheme}), all layers", layer_choices(plan, d.schemes))
     if plan.target == "llamacpp":
-        for d in target.dtypes:
-            if d.scheme != "none":
-                configs.setdefault(f"llama.cpp -ctk {d.flag_value} -ctv {d.flag_value}",
-                                   layer_choices(plan, (d.scheme, d.scheme)))
+        for d in get_target("llamacpp").dtypes:
+            if d.k_scheme != "none":
+                configs.setdefault(f"llama.cpp -ctk {d.flag_value} -ctv {d.flag_value}", layer_choices(plan, d.schemes))
     skipped = plan.engine.get("skip_layers") or []
-    if plan.target == "vllm" and skipped:
-        k = len(skipped)
-        s = plan.engine["scheme"]
+    forced = set(plan.engine.get("forced_skip_layers") or [])
+    chosen = [i for i in skipped if i not in forced]
+    if plan.target == "vllm" and chosen:
+        k = len(chosen)
+        pair = plan_engine_schemes(plan)
+        firsts = set(sorted(set(range(n)) - forced)[:k]) | forced
         configs.setdefault(f"vllm {plan.engine['kv_cache_dtype']}, skip first {k} layers (heuristic)", layer_choices(
-            plan, [("none", "none") if i < k else (s, s) for i in range(len(plan.layers))]))
+            plan, [("none", "none") if i in firsts else pair for i in range(n)]))
     return dict(configs)
+
+
+def plan_engine_schemes(plan: Plan) -> tuple[str, str]:
+    """The (K, V) schemes of a global-dtype plan (plans of format 1 stored one `scheme` for both)."""
+    e = plan.engine
+    if "k_scheme" in e:
+        return e["k_scheme"], e["v_scheme"]
+    return e["scheme"], e["scheme"]
+
+
+def _ranges(idx: list[int]) -> str:
+    return " ".join(str(i) for i in idx)
 
 
 class _Distinct(dict):
@@ -136,10 +157,11 @@ def validation_table(plan: Plan, measured: dict, configs: dict[str, list[LayerPl
 
 
 def format_table(df) -> str:
-    lines = [f"{'configuration':<52}{'bits':>6}{'xbf16':>7}{'mem':>5}{'pred KL':>10}{'meas KL':>10}"
+    w = max([len("configuration"), *(len(c) for c in df.config)]) + 1  # vLLM's rows name their kept layers
+    lines = [f"{'configuration':<{w}}{'bits':>6}{'xbf16':>7}{'mem':>5}{'pred KL':>10}{'meas KL':>10}"
              f"{'meas/pred':>10}{'dPPL':>9}"]
     for r in df.itertuples():
-        lines.append(f"{r.config[:51]:<52}{r.avg_bits:>6.2f}{r.vs_bf16:>7.3f}{r.memory_vs_plan:>5}"
+        lines.append(f"{r.config:<{w}}{r.avg_bits:>6.2f}{r.vs_bf16:>7.3f}{r.memory_vs_plan:>5}"
                      f"{r.predicted_kl:>10.2e}{r.measured_kl:>10.2e}{r.measured_over_predicted:>10.2f}{r.dppl:>9.4f}")
     return "\n".join(lines)
 

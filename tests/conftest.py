@@ -49,8 +49,8 @@ def _common(**kw):
 def tiny_config(arch: str):
     import transformers as tf
 
-    if arch == "llama":
-        return tf.LlamaConfig(**_common()), tf.LlamaForCausalLM
+    if arch == "llama":  # head_dim 32: the smallest vLLM's per-token-head dtypes take
+        return tf.LlamaConfig(**_common(head_dim=32)), tf.LlamaForCausalLM
     if arch == "mistral":
         return tf.MistralConfig(**_common(sliding_window=16)), tf.MistralForCausalLM
     if arch == "qwen2":
@@ -60,7 +60,7 @@ def tiny_config(arch: str):
     if arch == "phi3":
         return tf.Phi3Config(**_common(partial_rotary_factor=0.5)), tf.Phi3ForCausalLM
     if arch == "gemma3":
-        return tf.Gemma3TextConfig(**_common(head_dim=16, sliding_window=8, layer_types=[
+        return tf.Gemma3TextConfig(**_common(head_dim=32, sliding_window=8, layer_types=[
             "sliding_attention", "sliding_attention", "full_attention"])), tf.Gemma3ForCausalLM
     raise ValueError(arch)
 

@@ -25,11 +25,11 @@ from sensprof.planner import OBJECTIVES
 from sensprof.profile import run_profile
 from sensprof.schemes import get_scheme, parse_schemes
 from sensprof.table import load_profile
-from sensprof.targets import TARGETS, engine_dtype_for
+from sensprof.targets import engine_dtype_for, get_target
 
 SCHEMES = ("fp8_e4m3,fp8_e4m3_cal,int8_per_token_head,int4_per_token_head,q8_0,q4_0,q4_1,"
            "int4_c32,int4_t32,int2_c32,int2_t32")
-HEAD_DIM = 16  # tiny gemma3
+HEAD_DIM = 32  # tiny gemma3
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +100,13 @@ def test_plan_respects_its_budget_and_target(plans, target):
     cap = b.value if b.kind == "avg_bits" else b.value * MODEL_BITS
     assert avg <= cap + 1e-9
     pairs = [(p.k_scheme, p.v_scheme) for p in plan.layers]
-    tgt = TARGETS[target]
+    tgt = get_target(target)
     if target == "vllm":
         kept = {c for c in pairs if c != ("none", "none")}
-        assert len(kept) == 1 and all(k == v for k, v in kept)
-        (scheme, _), = kept
-        assert plan.engine["scheme"] == scheme
-        assert plan.engine["kv_cache_dtype"] == engine_dtype_for(tgt, scheme).flag_value
+        assert len(kept) == 1
+        (k_scheme, v_scheme), = kept
+        assert (plan.engine["k_scheme"], plan.engine["v_scheme"]) == (k_scheme, v_scheme)
+        assert plan.engine["kv_cache_dtype"] == engine_dtype_for(tgt, k_scheme, v_scheme).flag_value
         assert plan.engine["skip_layers"] == [i for i, c in enumerate(pairs) if c == ("none", "none")]
     elif target == "sglang":
         assert len(set(pairs)) == 1 and pairs[0][0] == pairs[0][1]
@@ -180,8 +180,8 @@ def test_objective_changes_the_recorded_damage(profile_dir, profile):
 
 
 def test_infeasible_plan_from_a_real_profile(profile_dir):
-    with pytest.raises(SensprofError, match="infeasible for target vllm.*--avg-bits 6"):
-        make_plan(profile_dir, "vllm", Budget("avg_bits", 3))  # int4_per_token_head is 6 bits at head_dim 16
+    with pytest.raises(SensprofError, match="infeasible for target vllm.*--avg-bits 5"):
+        make_plan(profile_dir, "vllm", Budget("avg_bits", 3))  # int4_per_token_head is 5 bits at head_dim 32
 
 
 def test_describe_and_default_path(plans):

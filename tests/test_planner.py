@@ -20,6 +20,7 @@ from sensprof.schemes import get_scheme
 from sensprof.targets import TARGETS, engine_dtype_for, get_target
 
 REL = 1e-6
+VLLM = get_target("vllm", "ampere")  # plain fp8 keys there (Hopper's fp8 casts the query too: fp8_e4m3_qfp8)
 KINDS = ("avg_bits", "fraction", "serving")
 
 
@@ -54,7 +55,7 @@ def tensor_cost(budget: Budget, layer: dict, scheme: str) -> float:
 def cost_table(budget: Budget, layers) -> dict:
     """(layer, scheme) -> cost of one tensor, for every scheme the tests use."""
     names = {NONE, *FREE_K, *FREE_V, *VLLM_SCHEMES, *SGLANG_SCHEMES, *LLAMA_K, *LLAMA_V}
-    names |= {d.scheme for t in TARGETS.values() for d in t.dtypes}
+    names |= {s for t in (*TARGETS.values(), get_target("vllm")) for d in t.dtypes for s in d.schemes}
     return {(i, s): tensor_cost(budget, layer, s) for i, layer in enumerate(layers) for s in names}
 
 
@@ -77,22 +78,26 @@ def assignments(problem: Problem, target, num_skip=None):
         cells = [[(k, v) for k in opts_k + [NONE] for v in opts_v + [NONE]] for _ in range(n)]
         yield from (list(c) for c in itertools.product(*cells))
     elif target.structure == "global_skip":
-        schemes = [d.scheme for d in target.dtypes if d.scheme in opts_k and d.scheme in opts_v]
-        for s in dict.fromkeys(schemes):
+        dts = [d for d in target.dtypes if d.k_scheme in opts_k and d.v_scheme in opts_v]
+        for d in dict.fromkeys(dts):
+            forced = set(d.forced_skips(n))
             for skip in itertools.product([False, True], repeat=n):
-                if num_skip is not None and sum(skip) != num_skip:
+                if any(not skip[i] for i in forced):
                     continue
-                yield [(NONE, NONE) if sk else (s, s) for sk in skip]
+                if num_skip is not None and sum(skip) - len(forced) != num_skip:
+                    continue
+                yield [(NONE, NONE) if sk else d.schemes for sk in skip]
     elif target.structure == "global":
-        schemes = [d.scheme for d in target.dtypes if d.scheme == NONE or (d.scheme in opts_k and d.scheme in opts_v)]
-        for s in dict.fromkeys(schemes):
-            yield [(s, s)] * n
+        dts = [d for d in target.dtypes if d.k_scheme == NONE or (d.k_scheme in opts_k and d.v_scheme in opts_v)]
+        for d in dict.fromkeys(dts):
+            yield [d.schemes] * n
     else:
-        ks = [d.scheme for d in target.dtypes if d.scheme == NONE or d.scheme in opts_k]
-        vs = [d.scheme for d in target.dtypes if d.scheme == NONE or d.scheme in opts_v]
+        ks = [d for d in target.dtypes if d.k_scheme == NONE or d.k_scheme in opts_k]
+        vs = [d for d in target.dtypes if d.v_scheme == NONE or d.v_scheme in opts_v]
         for k in dict.fromkeys(ks):
             for v in dict.fromkeys(vs):
-                yield [(k, v)] * n
+                if target.allows(k, v):
+                    yield [(k.k_scheme, v.v_scheme)] * n
 
 
 def brute_force(problem, target, budget, num_skip=None):
@@ -146,17 +151,21 @@ def check_structure(problem, target, sol, num_skip=None):
         skipped = [i for i, (k, v) in enumerate(sol.choices) if (k, v) == (NONE, NONE)]
         kept = {c for c in sol.choices if c != (NONE, NONE)}
         assert len(kept) <= 1, f"vllm plan uses more than one dtype: {sol.choices}"
+        forced = []
         for k, v in kept:
-            assert k == v, "vllm ties K and V"
-            assert engine_dtype_for(target, k) is not None
-            assert sol.engine["scheme"] == k
-            assert sol.engine["kv_cache_dtype"] == engine_dtype_for(target, k).flag_value
-            assert sol.engine["needs_scales"] == engine_dtype_for(target, k).needs_scales
+            d = engine_dtype_for(target, k, v)
+            assert d is not None, "one vLLM dtype's own K and V formats"
+            assert (sol.engine["k_scheme"], sol.engine["v_scheme"]) == (k, v)
+            assert sol.engine["kv_cache_dtype"] == d.flag_value
+            assert sol.engine["needs_scales"] == d.needs_scales
+            forced = d.forced_skips(n)
+            assert sol.engine["forced_skip_layers"] == forced
+            assert set(forced) <= set(skipped), "vLLM's own boundary layers are always kept"
         assert sol.engine["skip_layers"] == skipped
         if len(skipped) == n:
             assert sol.engine["kv_cache_dtype"] == "auto"
-        if num_skip is not None:
-            assert len(skipped) == num_skip
+        if num_skip is not None and kept:
+            assert len(skipped) - len(forced) == num_skip
         return
     assert len(set(sol.choices)) == 1, f"{target.name} needs one type for every layer: {sol.choices}"
     k, v = sol.choices[0]
@@ -213,7 +222,7 @@ def test_free_target_is_optimal(seed, kind):
 @pytest.mark.parametrize("seed", range(4))
 def test_vllm_target_is_optimal(seed, kind):
     rng = random.Random(2000 + seed)
-    target = TARGETS["vllm"]
+    target = VLLM
     problem = random_problem(rng, rng.choice([2, 3, 4]), VLLM_SCHEMES, VLLM_SCHEMES)
     for _ in range(3):
         check_against_brute_force(problem, target, budget_between(rng, problem, target, kind))
@@ -222,7 +231,7 @@ def test_vllm_target_is_optimal(seed, kind):
 @pytest.mark.parametrize("seed", range(4))
 def test_vllm_target_with_fixed_num_skip_is_optimal(seed):
     rng = random.Random(3000 + seed)
-    target = TARGETS["vllm"]
+    target = VLLM
     n = rng.choice([3, 4])
     problem = random_problem(rng, n, VLLM_SCHEMES[:4], VLLM_SCHEMES[:4])
     for num_skip in range(n + 1):
@@ -281,11 +290,11 @@ def test_vllm_skips_the_most_damaged_layers():
     dmg = [0.01, 0.5, 0.02, 0.3]
     damage = {(i, t, "fp8_e4m3"): dmg[i] for i in range(4) for t in "KV"}
     problem = Problem(layers, damage, {"K": ["fp8_e4m3"], "V": ["fp8_e4m3"]})
-    sol = plan(problem, TARGETS["vllm"], Budget("avg_bits", 12))  # fp8 8 bits: two of four layers kept at 16
+    sol = plan(problem, VLLM, Budget("avg_bits", 12))  # fp8 8 bits: two of four layers kept at 16
     assert sol.engine["skip_layers"] == [1, 3]
     assert sol.choices == [("fp8_e4m3", "fp8_e4m3"), (NONE, NONE), ("fp8_e4m3", "fp8_e4m3"), (NONE, NONE)]
     assert sol.damage == pytest.approx(2 * (0.01 + 0.02))
-    sol = plan(problem, TARGETS["vllm"], Budget("avg_bits", 12), num_skip=1)
+    sol = plan(problem, VLLM, Budget("avg_bits", 12), num_skip=1)
     assert sol.engine["skip_layers"] == [1]
 
 
@@ -317,7 +326,7 @@ def test_infeasible_budget_names_the_smallest_feasible_one(target_name, k, v, fl
     damage = {(i, t, s): rng.random() for i in range(4) for t, names in (("K", k), ("V", v)) for s in names}
     problem = Problem(layers, damage, {"K": list(k), "V": list(v)})
     num_skip = 2 if expect == 10.25 else None
-    target = TARGETS[target_name]
+    target = VLLM if target_name == "vllm" else TARGETS[target_name]
     with pytest.raises(SensprofError, match="infeasible") as e:
         plan(problem, target, Budget(kind, value), num_skip)
     msg = str(e.value)
@@ -341,9 +350,9 @@ def test_serving_infeasible_message_is_in_gib():
     # fp8 everywhere: 2 layers x K,V x 8 heads x 128 x 1 byte x 65536 tokens x 4 seqs = 1 GiB exactly
     budget = Budget("serving", 0.5, max_model_len=65536, max_num_seqs=4)
     with pytest.raises(SensprofError, match="infeasible") as e:
-        plan(problem, TARGETS["vllm"], budget)
+        plan(problem, VLLM, budget)
     assert _smallest_in_message(str(e.value), "--gpu-mem-gib") == pytest.approx(1.0)
-    sol = plan(problem, TARGETS["vllm"], Budget("serving", 1.0, max_model_len=65536, max_num_seqs=4))
+    sol = plan(problem, VLLM, Budget("serving", 1.0, max_model_len=65536, max_num_seqs=4))
     assert sol.cost == pytest.approx(GIB)
 
 
@@ -368,12 +377,11 @@ def test_profile_without_the_targets_schemes_is_refused(target_name):
     damage = {(i, t, s): 0.1 for i in range(2) for t in "KV" for s in ("int2_c32", "int4_t32")}
     problem = Problem(layers, damage, {"K": ["int2_c32", "int4_t32"], "V": ["int2_c32", "int4_t32"]})
     with pytest.raises(SensprofError) as e:
-        plan(problem, TARGETS[target_name], Budget("avg_bits", 16))
+        plan(problem, get_target(target_name), Budget("avg_bits", 16))
     msg = str(e.value)
     assert f"target {target_name} needs" in msg
-    needed = sorted({d.scheme for d in TARGETS[target_name].dtypes if d.scheme != NONE})
-    assert all(s in msg for s in needed), msg
-    assert "int2_c32" in msg and "sensprof profile --schemes" in msg
+    assert all(s in msg for s in get_target(target_name).schemes_needed()), msg
+    assert "int2_c32" in msg and f"sensprof profile --target {target_name}" in msg
 
 
 def test_sglang_profile_without_fp8_schemes_is_refused():
@@ -389,7 +397,7 @@ def test_vllm_ignores_schemes_it_cannot_express():
     damage = {(i, t, s): (0.0 if s == "int2_c32" else 0.5) for i in range(2) for t in "KV"
               for s in ("int2_c32", "fp8_e4m3")}
     problem = Problem(layers, damage, {"K": ["int2_c32", "fp8_e4m3"], "V": ["int2_c32", "fp8_e4m3"]})
-    sol = plan(problem, TARGETS["vllm"], Budget("avg_bits", 8))
+    sol = plan(problem, VLLM, Budget("avg_bits", 8))
     assert sol.choices == [("fp8_e4m3", "fp8_e4m3")] * 2
 
 
@@ -429,15 +437,15 @@ def test_serving_budget_makes_skipping_a_sliding_layer_cheap(sliding_index):
     skip_full = 2 * (256 * per_tok16 // 2 + 8192 * per_tok16)
     assert skip_sliding < skip_full
     budget = Budget("serving", skip_sliding * 1.01 / GIB, max_model_len=8192, max_num_seqs=1)
-    sol = plan(problem, TARGETS["vllm"], budget)
+    sol = plan(problem, VLLM, budget)
     assert sol.engine["skip_layers"] == [sliding_index]
     assert sol.cost == pytest.approx(skip_sliding)
     # the same tightness as an average-bits budget (which ignores windows) skips the more damaged full layer
-    sol = plan(problem, TARGETS["vllm"], Budget("avg_bits", 12))
+    sol = plan(problem, VLLM, Budget("avg_bits", 12))
     assert sol.engine["skip_layers"] == [full_index]
     # a little less memory: nothing can be skipped
     budget = Budget("serving", skip_sliding * 0.99 / GIB, max_model_len=8192, max_num_seqs=1)
-    assert plan(problem, TARGETS["vllm"], budget).engine["skip_layers"] == []
+    assert plan(problem, VLLM, budget).engine["skip_layers"] == []
 
 
 def test_serving_cost_matches_layer_cache_bits_with_residual_tokens():
@@ -511,7 +519,7 @@ def test_cli_refuses_bad_budgets_with_one_line(tmp_path, capsys, argv, match):
 def test_unknown_target_is_refused():
     with pytest.raises(SensprofError, match="unknown target 'trtllm'.*sensprof, vllm, sglang, llamacpp"):
         get_target("trtllm")
-    assert get_target("vllm") is TARGETS["vllm"]
+    assert get_target("vllm", "ampere") == VLLM and get_target("vllm").gpu == "hopper"
 
 
 def _table():
@@ -553,8 +561,8 @@ def test_num_skip_is_vllm_only_and_in_range():
             plan(problem, TARGETS[name], Budget("avg_bits", 8), num_skip=1)
     for bad in (-1, 4):
         with pytest.raises(SensprofError, match="out of range"):
-            plan(problem, TARGETS["vllm"], Budget("avg_bits", 16), num_skip=bad)
-    sol = plan(problem, TARGETS["vllm"], Budget("avg_bits", 16), num_skip=3)
+            plan(problem, VLLM, Budget("avg_bits", 16), num_skip=bad)
+    sol = plan(problem, VLLM, Budget("avg_bits", 16), num_skip=3)
     assert sol.choices == [(NONE, NONE)] * 3 and sol.engine["kv_cache_dtype"] == "auto"
 
 
@@ -579,3 +587,67 @@ def test_ample_budget_keeps_every_cell_unquantized_when_damages_span_many_decade
     assert best == 0.0
     sol = plan(problem, TARGETS["sensprof"], Budget("avg_bits", 16))
     assert sol.choices == [(NONE, NONE)] * 3, f"damage {sol.damage:.2e}: {sol.choices}"
+
+
+# --------------------------------------------------------------------------- vLLM dtypes with their own K/V formats
+
+
+def boundary_target():
+    """A vLLM-like target: one dtype with distinct K and V formats whose boundary layers the engine keeps
+    (as TurboQuant does), one plain dtype."""
+    from sensprof.targets import EngineDtype, Target
+
+    return Target("vllm", "global_skip", (EngineDtype("tq_like", "int4_c32", "int2_t32", boundary_skip=2),
+                                          EngineDtype("fp8_e4m3", "fp8_e4m3", "fp8_e4m3")), gpu="hopper")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_vllm_boundary_layers_are_kept_and_priced_at_the_model_dtype(seed):
+    rng = random.Random(7000 + seed)
+    target = boundary_target()
+    n = rng.choice([4, 5, 6])
+    problem = random_problem(rng, n, ["int4_c32", "fp8_e4m3"], ["int2_t32", "fp8_e4m3"])
+    for _ in range(3):
+        kind = rng.choice(KINDS)
+        sol = check_against_brute_force(problem, target, budget_between(rng, problem, target, kind))
+        if sol.engine.get("kv_cache_dtype") == "tq_like":
+            assert sol.engine["forced_skip_layers"] == [0, 1, n - 2, n - 1]
+
+
+def test_vllm_boundary_dtype_chosen_keeps_its_layers_and_num_skip_counts_the_planners_own():
+    target = boundary_target()
+    layers = [{"kv_heads": 2, "head_dim": 64, "kind": "full", "window": None}] * 6
+    # tq_like does no damage anywhere; fp8 hurts: the planner picks tq_like and must still keep 0, 1, 4, 5.
+    damage = {(i, t, s): (0.0 if s in ("int4_c32", "int2_t32") else 1.0) for i in range(6) for t in "KV"
+              for s in ("int4_c32", "int2_t32", "fp8_e4m3")}
+    problem = Problem(layers, damage, {"K": ["int4_c32", "fp8_e4m3"], "V": ["int2_t32", "fp8_e4m3"]})
+    sol = plan(problem, target, Budget("avg_bits", 14))  # 16 would keep every layer: no damage either
+    assert sol.engine["kv_cache_dtype"] == "tq_like"
+    assert sol.engine["skip_layers"] == [0, 1, 4, 5] == sol.engine["forced_skip_layers"]
+    assert sol.choices[2] == ("int4_c32", "int2_t32") and sol.choices[0] == (NONE, NONE)
+    # The four kept layers cost 16 bits per tensor; the two quantized ones 5 (K) and 3 (V) bits: 12 on average.
+    expected = (4 * 32 + 2 * (5 + 3)) / 12
+    assert sol.cost / Budget("avg_bits", 1).limit(layers) == pytest.approx(expected)
+    sol = plan(problem, target, Budget("avg_bits", 16), num_skip=1)
+    assert len(sol.engine["skip_layers"]) == 5 and set(sol.engine["forced_skip_layers"]) < set(sol.engine["skip_layers"])
+    # Below 12 bits tq_like cannot fit (its boundary layers alone cost 4 x 32): the planner falls back to fp8.
+    sol = plan(problem, target, Budget("avg_bits", 11.5))
+    assert sol.engine["kv_cache_dtype"] == "fp8_e4m3" and sol.engine["forced_skip_layers"] == []
+
+
+def test_llamacpp_cuda_default_build_restricts_pairs():
+    layers = [{"kv_heads": 2, "head_dim": 64, "kind": "full", "window": None}] * 2
+    names = ("q8_0", "q4_0", "q5_1")
+    damage = {(i, t, s): {"q8_0": 0.3, "q4_0": 0.5, "q5_1": 0.0}[s] for i in range(2) for t in "KV" for s in names}
+    problem = Problem(layers, damage, {"K": list(names), "V": list(names)})
+    sol = plan(problem, get_target("llamacpp"), Budget("avg_bits", 6))
+    assert (sol.engine["cache_type_k"], sol.engine["cache_type_v"]) == ("q5_1", "q5_1")
+    # A default CUDA build has no q5_1 flash attention: the best pair it runs within 6.5 bits is K q8_0 / V q4_0.
+    sol = plan(problem, get_target("llamacpp", llamacpp_build="cuda-default"), Budget("avg_bits", 6.5))
+    assert (sol.engine["cache_type_k"], sol.engine["cache_type_v"]) == ("q8_0", "q4_0")
+    with pytest.raises(SensprofError, match="unknown --llamacpp-build 'metal'"):
+        get_target("llamacpp", llamacpp_build="metal")
+    with pytest.raises(SensprofError, match="--vllm-gpu only applies to target vllm"):
+        get_target("sglang", vllm_gpu="hopper")
+    with pytest.raises(SensprofError, match="unknown --vllm-gpu 'tpu'"):
+        get_target("vllm", vllm_gpu="tpu")

@@ -123,7 +123,14 @@ def test_fake_quant_keeps_shape_dtype_and_is_finite(name):
         assert not torch.equal(y, xd)  # something was quantized
 
 
-@pytest.mark.parametrize("name", QUANTIZED)
+# Engine formats that rotate before quantizing (vLLM's int4_per_token_head, UltraQuant, TurboQuant, Octave), or
+# whose scale comes from a rounded statistic (UltraQuant's power-of-two 0.156 * absmax), are not projections: their
+# round trip is pinned by golden tests (tests/engines/) instead.
+ROTATED = {"int4_per_token_head", "ultraquant_4bit.K", "ultraquant_4bit.V", "turboquant_4bit_nc.K", "turboquant_k3v4_nc.K",
+           "turboquant_3bit_nc.K", *(n for n in REGISTRY if n.startswith("octave"))}
+
+
+@pytest.mark.parametrize("name", [n for n in QUANTIZED if n not in ROTATED])
 def test_fake_quant_is_idempotent(name):
     """Quantizing an already quantized tensor again changes nothing, bit for bit."""
     x = varied(2, 4, 96, 64, seed=2)
@@ -222,7 +229,7 @@ def test_signed_max_takes_the_first_value_of_largest_magnitude(name, bits):
     assert y[0, 0, 0, 40] == pytest.approx(-(half - 1) * d0)
 
 
-@pytest.mark.parametrize("name, bits", [("int8_per_token_head", 8), ("int4_per_token_head", 4)])
+@pytest.mark.parametrize("name, bits", [("int8_per_token_head", 8)])
 def test_per_token_head_absmax_matches_reference(name, bits):
     x = varied(2, 3, 20, 64, seed=8)
     # one fp32 scale per token and head (the whole head_dim), not rounded to fp16
@@ -389,7 +396,7 @@ def test_minmax_error_bound(name):
     assert err.max() > 0.3 * (d / 2).max()  # the bound is not vacuous
 
 
-@pytest.mark.parametrize("name, store16", [("q8_0", True), ("int8_per_token_head", False), ("int4_per_token_head", False)])
+@pytest.mark.parametrize("name, store16", [("q8_0", True), ("int8_per_token_head", False)])
 def test_absmax_error_bound(name, store16):
     s = get_scheme(name)
     x = varied(2, 3, 20, 64, seed=19).numpy()
@@ -576,8 +583,7 @@ def test_half_precision_inputs(name, dtype):
 # ------------------------------------------------------------------------------------ quantize_groups
 
 
-@pytest.mark.parametrize("name", ["int4_t32", "int2_c32", "q4_1", "q4_0", "q5_0", "q8_0", "int8_per_token_head",
-                                  "int4_per_token_head"])
+@pytest.mark.parametrize("name", ["int4_t32", "int2_c32", "q4_1", "q4_0", "q5_0", "q8_0", "int8_per_token_head"])
 def test_quantize_groups_codes_scales_and_dequantization(name):
     """Groups are the last axis of what quantize_groups gets, whatever the scheme's granularity."""
     s = get_scheme(name)

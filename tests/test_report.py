@@ -31,7 +31,7 @@ from sensprof.table import load_profile
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SCHEMES = "fp8_e4m3,int4_per_token_head,int4_c32,int4_t32,int2_c32,int2_t32,int4_c32_pre"
-HEAD_DIM = 16  # tiny gemma3
+HEAD_DIM = 32  # tiny gemma3
 METRICS = ("kl", "dnll", "attn_kl", "out_rel_l2")
 
 

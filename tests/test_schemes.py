@@ -22,10 +22,20 @@ GROUPS = (32, 64, 128)
 EXPECTED_NAMES = (
     {"none"}
     | {f"{f}{suffix}" for f in ("fp8_e4m3", "fp8_e5m2") for suffix in ("", "_cal", "_head")}
-    | {"fp8_per_token_head", "int8", "int8_per_token_head", "int4_per_token_head"}
+    | {"fp8_per_token_head", "int8", "int8_per_token_head"}
     | {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1"}
     | {f"int{b}_{kind}{g}" for b in INT_BITS for kind in "ct" for g in GROUPS}
 )
+# vLLM's own formats (sensprof/engines/vllm/catalog.py): the dtype's name when K and V share a format,
+# <dtype>.K / <dtype>.V when they differ, _qfp8 for keys whose query vLLM casts to fp8 too.
+TQ = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
+OCTAVE = ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact")
+ENGINE_NAMES = (
+    {"int4_per_token_head", "nvfp4", "nvfp4_4over6", "nvfp4_qfp8", "nvfp4_4over6_qfp8", "fp8_e4m3_qfp8",
+     "fp8_e4m3_cal_qfp8", "turboquant_k8v4_e4b15.K", "ultraquant_4bit.K", "ultraquant_4bit.V"}
+    | {f"{p}.{t}" for p in TQ + OCTAVE for t in "KV"}
+)
+EXPECTED_NAMES |= ENGINE_NAMES
 
 
 def _core(s: QuantScheme) -> tuple:
@@ -38,7 +48,7 @@ def _core(s: QuantScheme) -> tuple:
 
 def test_registry_has_exactly_the_expected_names():
     assert set(REGISTRY) == EXPECTED_NAMES
-    assert len(REGISTRY) == len(EXPECTED_NAMES) == 1 + 6 + 4 + 5 + 36
+    assert len(REGISTRY) == len(EXPECTED_NAMES) == 1 + 6 + 3 + 5 + 36 + 10 + 14
 
 
 def test_registry_keys_match_scheme_names():
@@ -76,7 +86,6 @@ def test_fp8_tensor_and_head_schemes(fmt):
     ("fp8_per_token_head", ("fp8_e4m3", 8, "fp8", "token", None, "dynamic", 32, 0)),
     ("int8", ("int", 8, "absmax", "tensor", None, "calibrated", 0, 0)),
     ("int8_per_token_head", ("int", 8, "absmax", "token", None, "dynamic", 32, 0)),
-    ("int4_per_token_head", ("int", 4, "absmax", "token", None, "dynamic", 32, 0)),
     # llama.cpp cache types: blocks of 32 along head_dim, fp16 scale (and fp16 min for _1).
     ("q8_0", ("int", 8, "absmax", "token", 32, "dynamic", 16, 0)),
     ("q4_0", ("int", 4, "signed_max", "token", 32, "dynamic", 16, 0)),
@@ -123,7 +132,6 @@ def test_base_schemes_have_no_modifiers_and_a_description():
     ("fp8_e4m3_head_r16", "fp8_e4m3_head", False, 16, 0),
     ("fp8_per_token_head_pre_r32_s4", "fp8_per_token_head", True, 32, 4),
     ("int8_per_token_head_r3", "int8_per_token_head", False, 3, 0),
-    ("int4_per_token_head_pre", "int4_per_token_head", True, 0, 0),
     ("int8_s1", "int8", False, 0, 1),
 ])
 def test_modifiers_are_parsed(name, base, pre, residual, sink):
@@ -132,6 +140,31 @@ def test_modifiers_are_parsed(name, base, pre, residual, sink):
     assert (s.pre_rope, s.residual, s.sink) == (pre, residual, sink)
     assert _core(s) == _core(REGISTRY[base])
     assert s.description == REGISTRY[base].description
+
+
+@pytest.mark.parametrize("name", ["int4_per_token_head_pre", "turboquant_k8v4.K_r8", "fp8_e4m3_qfp8_s4"])
+def test_engine_formats_take_no_modifiers(name):
+    with pytest.raises(SensprofError, match="engine's own format and takes no modifiers"):
+        get_scheme(name)
+
+
+def test_engine_schemes_name_their_emulation_and_tensor():
+    from sensprof.engines.emulations import get_emulation, get_query_transform
+
+    for name in ENGINE_NAMES:
+        s = REGISTRY[name]
+        if s.is_engine:
+            assert s.emulation.startswith("vllm.")
+            key = f"{s.emulation}.{s.tensor}"
+            assert get_emulation(key if s.tensor and name.split(".")[-1] in "KV" else s.emulation)
+        if name.endswith(".K") or name.endswith("_qfp8"):
+            assert s.applies_to("K") and not s.applies_to("V"), name
+        elif name.endswith(".V"):
+            assert s.applies_to("V") and not s.applies_to("K"), name
+        else:
+            assert s.applies_to("K") and s.applies_to("V"), name
+        if s.query:
+            assert get_query_transform(s.query)
 
 
 def test_modifiers_leave_the_registry_untouched():

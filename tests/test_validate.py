@@ -128,7 +128,7 @@ def cli_run(tiny_model_dir, tmp_path_factory, _one_thread):
     plan = root / "plan.json"
     assert main(["plan", str(prof), "--target", "sensprof", "--avg-bits", "6", "--out", str(plan)]) == 0
     vplan = root / "vllm.json"
-    # head_dim 16: int4_per_token_head is 6 bits; one layer at 16 bits -> 28/3 <= 10; fp8/int8 cannot skip one
+    # head_dim 32: int4_per_token_head is 5 bits; one layer at 16 bits -> 26/3 <= 10; fp8/int8 cannot skip one
     assert main(["plan", str(prof), "--target", "vllm", "--avg-bits", "10", "--num-skip", "1",
                  "--out", str(vplan)]) == 0
     return types.SimpleNamespace(root=root, profile=str(prof), plan=str(plan), vplan=str(vplan))
@@ -259,7 +259,7 @@ def test_skip_heuristic_with_two_skipped_layers(cli_run):
     import dataclasses
 
     plan = load_plan(cli_run.vplan)
-    s = plan.engine["scheme"]
+    s = plan.engine["k_scheme"]
     layers = layer_choices(plan, [NONE2, (s, s), NONE2])
     plan = dataclasses.replace(plan, layers=layers, engine={**plan.engine, "skip_layers": [0, 2]})
     refs = reference_configs(plan)

@@ -1,12 +1,15 @@
-"""vLLM checkpoint with calibrated per-layer FP8 KV scales, as llm-compressor writes them.
+"""A bf16 model directory vLLM can serve, with calibrated per-layer FP8 KV scales as llm-compressor writes them.
 
-Weights are saved unchanged in safetensors; `model.layers.N.self_attn.k_scale` / `v_scale` go into an
-extra safetensors file (added to the index when sharded) and config.json gets a compressed-tensors
-`quantization_config.kv_cache_scheme`, so `vllm serve DIR --kv-cache-dtype fp8` loads the scales.
+Weights go to bf16 safetensors (a GGUF model's dequantized weights included: vLLM cannot load GGUF). For an
+FP8 e4m3 plan `model.layers.N.self_attn.k_scale` / `v_scale` go into an extra safetensors file (added to the
+index when sharded) and config.json gets a compressed-tensors `quantization_config.kv_cache_scheme`, so
+`vllm serve DIR --kv-cache-dtype fp8_e4m3` loads them. Other dtypes (e5m2, per-token-head, ...) quantize
+with dynamic or unit scales, so their directory holds the model only and the dtype stays on the command line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,6 +21,11 @@ from ..plan import Plan
 KV_CACHE_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 SCALES_FILE = "kv_cache_scales.safetensors"
 RECIPE_FILE = "llmcompressor_recipe.yaml"
+
+SCALED_DTYPES = ("fp8", "fp8_e4m3")  # vLLM dtypes that read per-layer k_scale/v_scale from the checkpoint
+# static_minmax keeps the running min/max over every calibration batch: absmax over all calibration text, as
+# sensprof measures it ("minmax" is a moving average; llmcompressor/observers/min_max.py)
+OBSERVER = "static_minmax"
 
 RECIPE = """\
 # llm-compressor recipe that reproduces sensprof's calibration: per-tensor FP8 (e4m3) K and V
@@ -32,6 +40,7 @@ quant_stage:
         strategy: tensor
         dynamic: false
         symmetric: true
+        observer: {observer}
 """
 
 
@@ -46,58 +55,48 @@ def scale_prefix(model, layer: int) -> str:
     raise SensprofError(f"cannot name the attention module of layer {layer}")
 
 
-def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str) -> str:
-    import torch
-    from safetensors.torch import save_file
+def has_scales(plan: Plan) -> bool:
+    return plan.engine.get("kv_cache_dtype") in SCALED_DTYPES
 
-    if plan.engine.get("kv_cache_dtype") not in ("fp8", "fp8_e4m3"):
-        raise SensprofError(
-            f"--write-checkpoint writes FP8 e4m3 scales, but this plan uses {plan.engine.get('kv_cache_dtype')!r}; "
-            "drop --write-checkpoint (its scales are dynamic) or re-plan with an fp8 dtype")
-    if os.path.exists(out_dir) and os.listdir(out_dir):
-        raise SensprofError(f"--write-checkpoint {out_dir!r} exists and is not empty; pass a new directory")
+
+@contextlib.contextmanager
+def _plain_model(model):
+    """Save a GGUF-loaded model as ordinary weights: transformers refuses to save while `hf_quantizer` is set,
+    but the GGUF loader has already dequantized every weight, so the marker is dropped for the save."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    qc = getattr(model.config, "quantization_config", None)
+    if quantizer is not None:
+        model.hf_quantizer = None
+    if qc is not None:
+        del model.config.quantization_config
+    try:
+        yield model
+    finally:
+        if quantizer is not None:
+            model.hf_quantizer = quantizer
+        if qc is not None:
+            model.config.quantization_config = qc
+
+
+def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str) -> str:
+    """Write out_dir atomically (a temporary sibling renamed into place); returns out_dir. Casts `model` to
+    bf16 in place (export ends there; pass a copy to keep it)."""
+    import torch
+
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+        raise SensprofError(f"--write-checkpoint {out_dir!r} exists and is not an empty directory; pass a new one")
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-checkpoint-")
     try:
-        qc = getattr(model.config, "quantization_config", None)
-        if qc is not None:  # e.g. the GGUF loader's marker: the weights are already dequantized
-            del model.config.quantization_config
-        try:
+        if model.dtype != torch.bfloat16:
+            model = model.to(torch.bfloat16)
+        with _plain_model(model):
             model.save_pretrained(tmp, safe_serialization=True)
-        finally:
-            if qc is not None:
-                model.config.quantization_config = qc
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        skipped = set(plan.engine.get("skip_layers") or [])
-        tensors = {}
-        for p in plan.layers:
-            if p.layer in skipped:
-                continue
-            prefix = scale_prefix(model, p.layer)
-            tensors[f"{prefix}.k_scale"] = torch.tensor(plan.fp8_scale(p.layer, "K"), dtype=torch.float32)
-            tensors[f"{prefix}.v_scale"] = torch.tensor(plan.fp8_scale(p.layer, "V"), dtype=torch.float32)
-        save_file(tensors, os.path.join(tmp, SCALES_FILE), metadata={"format": "pt"})
-        index = os.path.join(tmp, "model.safetensors.index.json")
-        if os.path.exists(index):
-            with open(index) as f:
-                idx = json.load(f)
-            idx["weight_map"].update({k: SCALES_FILE for k in tensors})
-            with open(index, "w") as f:
-                json.dump(idx, f, indent=2)
-        cfg_path = os.path.join(tmp, "config.json")
-        with open(cfg_path) as f:
-            cfg = json.load(f)
-        cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": "dense",
-                                      "quantization_status": "frozen", "config_groups": {}, "ignore": [],
-                                      "kv_cache_scheme": dict(KV_CACHE_SCHEME)}
-        with open(cfg_path, "w") as f:
-            json.dump(cfg, f, indent=2)
-        note = (f"\n# sensprof's plan keeps layers {sorted(skipped)} at the model dtype: pass them to vLLM with "
-                "--kv-cache-dtype-skip-layers.") if skipped else ""
-        with open(os.path.join(tmp, RECIPE_FILE), "w") as f:
-            f.write(RECIPE.format(name=RECIPE_FILE, ignore_note=note))
+        if has_scales(plan):
+            _add_scales(plan, model, tmp)
         if os.path.exists(out_dir):
             os.rmdir(out_dir)
         os.replace(tmp, out_dir)
@@ -105,3 +104,37 @@ def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _add_scales(plan: Plan, model, tmp: str) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    skipped = set(plan.engine.get("skip_layers") or [])
+    tensors = {}
+    for p in plan.layers:
+        if p.layer in skipped:
+            continue
+        prefix = scale_prefix(model, p.layer)
+        tensors[f"{prefix}.k_scale"] = torch.tensor(plan.fp8_scale(p.layer, "K"), dtype=torch.float32)
+        tensors[f"{prefix}.v_scale"] = torch.tensor(plan.fp8_scale(p.layer, "V"), dtype=torch.float32)
+    save_file(tensors, os.path.join(tmp, SCALES_FILE), metadata={"format": "pt"})
+    index = os.path.join(tmp, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            idx = json.load(f)
+        idx["weight_map"].update({k: SCALES_FILE for k in tensors})
+        with open(index, "w") as f:
+            json.dump(idx, f, indent=2)
+    cfg_path = os.path.join(tmp, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": "dense",
+                                  "quantization_status": "frozen", "config_groups": {}, "ignore": [],
+                                  "kv_cache_scheme": dict(KV_CACHE_SCHEME)}
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    note = (f"\n# sensprof's plan keeps layers {sorted(skipped)} at the model dtype: pass them to vLLM with "
+            "--kv-cache-dtype-skip-layers.") if skipped else ""
+    with open(os.path.join(tmp, RECIPE_FILE), "w") as f:
+        f.write(RECIPE.format(name=RECIPE_FILE, ignore_note=note, observer=OBSERVER))

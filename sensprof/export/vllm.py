@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+from ..engines.vllm import facts
+from ..engines.vllm.catalog import GPU_NAMES, min_version_text
 from ..errors import SensprofError
 from ..plan import Plan
 
-SKIP_FLAG_SINCE = (0, 19)  # --kv-cache-dtype-skip-layers first released about v0.19
-CALCULATE_SCALES_REMOVED = (0, 30)  # --calculate-kv-scales: deprecated 2026-03, removed 2026-07
-DEFAULT_VERSION = "0.33.0"
+# --kv-cache-dtype-skip-layers: added by vLLM PR #33695; its first release could not be established from the
+# source or release notes available here, so it is gated at 0.33 (engines/vllm/facts.py SKIP_FLAG_SINCE).
+SKIP_FLAG_SINCE = (0, 33)
+DEFAULT_VERSION = facts.VLLM_VERSION
+# config/cache.py CacheDType, in its order (the parser fixture checks it)
 VLLM_KV_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
                   "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
                   "turboquant_3bit_nc", "octave_k3v4", "octave_k3v3", "octave_k3v3_compact", "ultraquant_4bit",
                   "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
-PER_TOKEN_HEAD_SINCE = (0, 30)
+
+
+def dtype_since(dtype: str) -> tuple[int, ...]:
+    """The first vLLM release a dtype is emitted for (facts.py; 0.33 where it could not be established)."""
+    if dtype not in facts.DTYPES:
+        return (0,)
+    text = min_version_text(facts.DTYPES[dtype].since)
+    return parse_version(text) if text else (0,)
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -36,21 +47,101 @@ def skip_tokens(plan: Plan) -> list[str]:
     return [str(i) for i in skipped]
 
 
-def vllm_argv(plan: Plan, model_path: str, version: str = DEFAULT_VERSION) -> list[str]:
+def check_gpu(plan: Plan, gpu: str | None) -> None:
+    """A dtype that vLLM 0.33 does not run on the named GPU is refused (facts.py, read from its backends)."""
+    dtype = plan.engine.get("kv_cache_dtype", "auto")
+    if gpu is None or dtype not in facts.DTYPES:
+        return
+    if gpu not in GPU_NAMES:
+        raise SensprofError(f"unknown --vllm-gpu {gpu!r}; choose one of {', '.join(GPU_NAMES)}")
+    f = facts.DTYPES[dtype]
+    if gpu not in f.gpus:
+        why = dict(f.excluded).get(gpu, "no backend serves it there")
+        raise SensprofError(f"--kv-cache-dtype {dtype} does not run on {GPU_NAMES[gpu]} in vLLM 0.33 ({why}); "
+                            f"re-plan with `sensprof plan ... --target vllm --vllm-gpu {gpu}`")
+
+
+def vllm_argv(plan: Plan, model_path: str, version: str = DEFAULT_VERSION, gpu: str | None = None) -> list[str]:
     v = parse_version(version)
     dtype = plan.engine.get("kv_cache_dtype", "auto")
     if dtype not in VLLM_KV_DTYPES:
         raise SensprofError(f"the plan's KV dtype {dtype!r} is not one vLLM accepts; re-plan with --target vllm")
-    if dtype.endswith("_per_token_head") and v < PER_TOKEN_HEAD_SINCE:
-        raise SensprofError(f"--kv-cache-dtype {dtype} needs vLLM >= 0.30; pass a newer --vllm-version or "
-                            "re-plan with fp8 only")
+    since = dtype_since(dtype)
+    if v < since:
+        raise SensprofError(f"--kv-cache-dtype {dtype} needs vLLM >= {'.'.join(map(str, since))}; pass a newer "
+                            "--vllm-version or re-plan for your vLLM")
+    check_gpu(plan, gpu)
     argv = ["vllm", "serve", model_path, "--kv-cache-dtype", dtype]
     skip = skip_tokens(plan) if dtype != "auto" else []
     if skip:
         if v < SKIP_FLAG_SINCE:
             raise SensprofError(
-                f"the plan keeps layers {' '.join(skip)} at the model dtype, but vLLM {version} has no "
-                "--kv-cache-dtype-skip-layers (added in 0.19): pass --vllm-version 0.19 or later, or re-plan with "
-                "--num-skip 0")
+                f"the plan keeps layers {' '.join(skip)} at the model dtype, but --kv-cache-dtype-skip-layers is "
+                f"emitted for vLLM >= 0.33 only (its first release is not established): pass --vllm-version 0.33 "
+                "or later, or re-plan with --num-skip 0")
         argv += ["--kv-cache-dtype-skip-layers", *skip]
     return argv
+
+
+def vllm_comments(plan: Plan, gpu_mem_gib: float) -> list[str]:
+    """What vLLM itself adds (boundary layers) and what its KV pool holds, with vLLM's own page arithmetic."""
+    lines = []
+    forced = plan.engine.get("forced_skip_layers") or []
+    if forced:
+        lines.append(f"# vLLM itself keeps layers {' '.join(map(str, forced))} at the model dtype for "
+                     f"{plan.engine['kv_cache_dtype']} (boundary layers); they are listed so the line says what runs")
+    gpu = plan.engine.get("vllm_gpu")
+    if gpu:
+        lines.append(f"# planned and measured for {GPU_NAMES.get(gpu, gpu)}; on another GPU pass "
+                     "--vllm-gpu to `sensprof plan` (dtypes and fp8 query casts differ)")
+    layers = vllm_layers(plan)
+    if layers:
+        per_tok = facts.pool_bytes_per_token(layers)
+        bf16 = facts.pool_bytes_per_token([("auto", h, d, w) for _, h, d, w in layers])
+        budget = int(gpu_mem_gib * 2**30)
+        fit = facts.tokens_that_fit(budget, layers)
+        fit16 = facts.tokens_that_fit(budget, [("auto", h, d, w) for _, h, d, w in layers])
+        lines.append(f"# vLLM's KV pool (its page/block arithmetic): {per_tok:,.0f} bytes per token vs {bf16:,.0f} "
+                     f"at bf16; {fit:,} tokens fit in {gpu_mem_gib:g} GiB vs {fit16:,} at bf16")
+    return lines
+
+
+def vllm_layers(plan: Plan) -> list[tuple]:
+    """(dtype, kv_heads, head_dim, sliding window) per layer, as vLLM allocates them (facts.plan_pool)."""
+    dtype = plan.engine.get("kv_cache_dtype", "auto")
+    if dtype not in facts.DTYPES:
+        return []
+    skipped = set(plan.engine.get("skip_layers") or [])
+    try:
+        layers = [("auto" if p.layer in skipped else dtype, p.kv_heads, p.head_dim,
+                   p.window if p.kind == "sliding" else None) for p in plan.layers]
+        facts.plan_pool(layers)
+    except (KeyError, ValueError):
+        return []
+    return layers
+
+
+def gguf_model_for_vllm(model: str, hub_id: str | None = None) -> tuple[str, list[str]]:
+    """What `vllm serve` gets for a GGUF model: vLLM 0.33 has no GGUF loader (no "gguf" in
+    model_executor/model_loader's LoadFormats), so name the repository the GGUF was converted from.
+    Returns (model to serve, comment lines); a one-line error when nothing names it."""
+    from ..models import hub_id_from, resolve_model, served_hub_id
+
+    gguf = resolve_model(model)["gguf_file"]
+    if hub_id is not None:
+        if not hub_id_from(hub_id):
+            raise SensprofError(f"--hub-id {hub_id!r} is not a Hugging Face repository id; pass it as ORG/NAME")
+        repo, how = hub_id_from(hub_id), "given by --hub-id"
+    else:
+        from ..models import BUILTIN_MODELS
+
+        repo, parents = served_hub_id(model)
+        how = "the built-in alias's source" if model in BUILTIN_MODELS else "from the GGUF's general.source metadata"
+        if repo is None:
+            hint = (f" (its metadata names parent model(s) {', '.join(parents)}, which may differ from it)"
+                    if parents else "")
+            raise SensprofError(
+                f"vLLM has no GGUF loader and {gguf} names no source repository{hint}: pass --hub-id ORG/NAME "
+                "(the repository it was converted from) or --write-checkpoint DIR (a bf16 copy vLLM serves)")
+    return repo, [f"# vLLM has no GGUF loader, so this serves {repo} ({how}): the unquantized weights {gguf} "
+                  "was made from; to serve the profiled GGUF weights themselves, add --write-checkpoint DIR"]

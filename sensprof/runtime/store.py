@@ -24,6 +24,9 @@ from .kernels import pack_bitplanes, select
 
 def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
     """Why the runtime cannot store this scheme, or None."""
+    if scheme.is_engine or scheme.query:
+        return (f"{scheme.name} is vLLM's own format (emulated for profiling and validation); "
+                "the runtime stores sensprof's formats only")
     if scheme.pre_rope:
         return "keys stored before RoPE (_pre) would need RoPE re-applied at every read"
     if scheme.format == "int" and scheme.granularity in ("token", "channel") and head_dim % 8:

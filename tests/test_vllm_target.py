@@ -1,0 +1,142 @@
+"""The vLLM target end to end on a tiny model: `profile --target vllm` profiles exactly what the target needs,
+the plan chooses among every dtype vLLM runs on the named GPU (with vLLM's own boundary layers kept), and
+`validate` measures each dtype alone as vLLM would run it."""
+
+from __future__ import annotations
+
+import types
+
+import pandas as pd
+import pytest
+
+from conftest import one_error_line, run_cli
+from sensprof.cli import main, profile_scheme_names
+from sensprof.plan import load_plan
+from sensprof.schemes import get_scheme
+from sensprof.targets import get_target
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tiny_model_dir, tmp_path_factory, _one_thread):
+    root = tmp_path_factory.mktemp("vllm-target")
+    prof = root / "profile"
+    assert main(["profile", "--model", tiny_model_dir, "--target", "vllm", "--seq-len", "32", "--windows", "2",
+                 "--out", str(prof), "--device", "cpu", "--quiet"]) == 0
+    return types.SimpleNamespace(root=root, profile=str(prof), table=pd.read_csv(prof / "profile.csv"))
+
+
+def test_profile_target_vllm_profiles_exactly_what_the_target_needs(vllm_run):
+    target = get_target("vllm", "hopper", head_dims={32})
+    for tensor in "KV":
+        got = set(vllm_run.table[vllm_run.table.tensor == tensor].scheme)
+        want = {s for d in target.dtypes for s in d.schemes if get_scheme(s).applies_to(tensor)}
+        assert want <= got, tensor
+        assert all(get_scheme(s).applies_to(tensor) for s in got)
+    k = set(vllm_run.table[vllm_run.table.tensor == "K"].scheme)
+    assert {"fp8_e4m3_qfp8", "int4_per_token_head", "turboquant_k3v4_nc.K"} <= k
+    assert "turboquant_k3v4_nc.V" not in k and "nvfp4" not in k  # nvfp4 takes no head_dim 32
+
+
+def test_the_fp8_query_cast_is_measured(vllm_run):
+    """On Hopper vLLM casts the query to fp8 too: the same fp8 keys do more damage with it."""
+    t = vllm_run.table[vllm_run.table.tensor == "K"].set_index(["layer", "scheme"]).kl
+    for layer in range(3):
+        assert t[(layer, "fp8_e4m3_qfp8")] != t[(layer, "fp8_e4m3")]
+    assert sum(t[(i, "fp8_e4m3_qfp8")] for i in range(3)) > sum(t[(i, "fp8_e4m3")] for i in range(3))
+
+
+def test_scheme_names_for_each_target_and_gpu():
+    assert "turboquant_k8v4_e4b15.K" in profile_scheme_names(None, "vllm", "ampere", {64})
+    assert "fp8_per_token_head" not in profile_scheme_names(None, "vllm", "ampere", {64})
+    assert "turboquant_k8v4.K" in profile_scheme_names(None, "vllm", "hopper", {64})
+    assert set(profile_scheme_names("int4_c32", "llamacpp", None)) >= {"int4_c32", "q8_0", "q4_0"}
+    assert profile_scheme_names(None, "sensprof", None) == profile_scheme_names(None, None, None)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["schemes", "--target", "sglang"], "lists vLLM's dtypes"),
+    (["schemes", "--vllm-gpu", "hopper"], "--vllm-gpu needs --target vllm"),
+    (["schemes", "--target", "vllm", "--vllm-gpu", "tpu"], "unknown --vllm-gpu 'tpu'"),
+    (["profile", "--target", "sglang", "--vllm-gpu", "hopper"], "--vllm-gpu only applies to target vllm"),
+    (["profile", "--target", "nope"], "unknown target 'nope'"),
+])
+def test_bad_target_options_are_one_line_errors(capsys, argv, match):
+    assert match in one_error_line(*run_cli(capsys, *argv))
+
+
+def test_schemes_target_vllm_lists_every_dtype(capsys):
+    rc, out, err = run_cli(capsys, "schemes", "--target", "vllm")
+    assert rc == 0, err
+    from sensprof.engines.vllm.catalog import DTYPES
+
+    for d in DTYPES:
+        assert d.flag_value in out
+    rc, out, _ = run_cli(capsys, "schemes", "--target", "vllm", "--vllm-gpu", "ampere")
+    assert "turboquant_k8v4_e4b15.K" in out and "not on ampere" in out
+
+
+def test_plan_chooses_a_boundary_dtype_keeps_its_layers_and_validate_shows_vllms_defaults(vllm_run, capsys):
+    plan_path = vllm_run.root / "tq.json"
+    # 3 layers: a TurboQuant dtype keeps layers 0 and 2 (n = min(2, 3 // 2)); at 12 bits only those fit
+    # beside per-token-head dtypes, so check the planner's accounting on whichever it picks.
+    rc, out, err = run_cli(capsys, "plan", vllm_run.profile, "--target", "vllm", "--avg-bits", "12",
+                           "--out", plan_path)
+    assert rc == 0, err
+    plan = load_plan(str(plan_path))
+    assert plan.engine["vllm_gpu"] == "hopper"
+    forced = plan.engine["forced_skip_layers"]
+    assert set(forced) <= set(plan.engine["skip_layers"])
+    if plan.engine["kv_cache_dtype"].startswith("turboquant"):
+        assert forced == [0, 2]
+    rc, out, err = run_cli(capsys, "validate", str(plan_path), "--device", "cpu")
+    assert rc == 0, err
+    out = open(str(plan_path)[:-len(".json")] + ".validation.csv").read()
+    assert "vllm turboquant_k3v4_nc (turboquant_k3v4_nc.K / turboquant_k3v4_nc.V), vLLM keeps layers 0 2" in out
+    assert "vllm int4_per_token_head (int4_per_token_head), all layers" in out
+    assert "vllm fp8 (fp8_e4m3_qfp8 / fp8_e4m3), all layers" in out
+
+
+def test_plan_for_ampere_uses_its_own_key_formats(vllm_run, capsys):
+    """A Hopper profile also holds plain fp8 keys (fp8_e4m3 is profiled on K and V): an Ampere plan uses them, never
+    Hopper's query-cast keys, and records the GPU."""
+    path = vllm_run.root / "ampere.json"
+    rc, out, err = run_cli(capsys, "plan", vllm_run.profile, "--target", "vllm", "--avg-bits", "8.6",
+                           "--vllm-gpu", "ampere", "--out", path)
+    assert rc == 0, err
+    plan = load_plan(str(path))
+    assert plan.engine["vllm_gpu"] == "ampere"
+    assert plan.engine["kv_cache_dtype"] in {d.flag_value for d in get_target("vllm", "ampere").dtypes}
+    assert not any(p.k_scheme.endswith("_qfp8") for p in plan.layers)
+
+
+def test_cells_of_an_earlier_int4_emulation_are_ignored(vllm_run, tmp_path, capsys):
+    """Profiles written before int4_per_token_head followed vLLM's rotated write hold wrong damage for it."""
+    import json
+    import shutil
+
+    old = tmp_path / "old-profile"
+    shutil.copytree(vllm_run.profile, old)
+    meta = json.loads((old / "meta.json").read_text())
+    assert meta["schemes"]["int4_per_token_head"]["revision"] == 2
+    del meta["schemes"]["int4_per_token_head"]["revision"]
+    (old / "meta.json").write_text(json.dumps(meta))
+    rc, out, err = run_cli(capsys, "plan", old, "--target", "vllm", "--avg-bits", "5", "--out", tmp_path / "p.json")
+    assert "ignoring int4_per_token_head: this profile measured them with an earlier emulation" in err
+    if rc == 0:
+        assert load_plan(str(tmp_path / "p.json")).engine["kv_cache_dtype"] != "int4_per_token_head"
+    rc, out, err = run_cli(capsys, "plan", vllm_run.profile, "--target", "vllm", "--avg-bits", "5",
+                           "--out", tmp_path / "q.json")
+    assert rc == 0 and "ignoring" not in err
+
+
+def test_serving_budget_is_checked_with_vllms_pool(vllm_run, tmp_path, capsys):
+    """A dense model's pool is the sum of its layers' pages: what the planner priced, up to whole blocks."""
+    path = tmp_path / "serve.json"
+    rc, out, err = run_cli(capsys, "plan", vllm_run.profile, "--target", "vllm", "--gpu-mem-gib", "0.01",
+                           "--max-model-len", "1024", "--max-num-seqs", "4", "--out", path)
+    assert rc == 0, err
+    plan = load_plan(str(path))
+    need = plan.predicted["vllm_pool_bytes"]
+    used = plan.predicted["budget_used"]
+    assert used <= need <= used * 1.02  # block rounding only
+    assert ("vLLM's pool needs" in err) == (need > 0.01 * 2**30)
