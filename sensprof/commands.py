@@ -307,8 +307,10 @@ def run_export(args) -> str:
             _load_quietly(plan, args.model)
         argv = llamacpp_argv(plan, model_path)
         lines += build_comments(plan)
-    pool_lines = [ln for ln in lines if ln.startswith("# vLLM's KV pool")]
-    return "\n".join([command_line(argv), *memory_comments(plan, args.gpu_mem_gib, fit=not pool_lines), *lines])
+    from .export.vllm import vllm_layers
+
+    vllm_pool = args.format == "vllm" and bool(vllm_layers(plan))  # then vllm_comments said what fits, vLLM's way
+    return "\n".join([command_line(argv), *memory_comments(plan, args.gpu_mem_gib, fit=not vllm_pool), *lines])
 
 
 def run_generate(args) -> str:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .engines.vllm.catalog import GPU_NAMES  # no torch; it imports nothing from here at module level
 from .errors import SensprofError
 
-VLLM_GPUS = ("hopper", "ampere", "blackwell", "rocm")
-DEFAULT_VLLM_GPU = "hopper"
+VLLM_GPUS = tuple(GPU_NAMES)
+DEFAULT_VLLM_GPU = VLLM_GPUS[0]
 
 
 @dataclass(frozen=True)

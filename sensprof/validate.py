@@ -44,7 +44,7 @@ def reference_configs(plan: Plan) -> dict[str, list[LayerPlan]]:
         target = get_target("vllm", plan.engine.get("vllm_gpu"), head_dims={p.head_dim for p in plan.layers})
         for d in target.dtypes:
             forced = set(d.forced_skips(n))
-            note = f", vLLM keeps layers {_ranges(sorted(forced))}" if forced else ", all layers"
+            note = f", vLLM keeps layers {' '.join(map(str, sorted(forced)))}" if forced else ", all layers"
             schemes = d.k_scheme if d.k_scheme == d.v_scheme else f"{d.k_scheme} / {d.v_scheme}"
             configs.setdefault(f"vllm {d.flag_value} ({schemes}){note}", layer_choices(
                 plan, [("none", "none") if i in forced else d.schemes for i in range(n)]))
@@ -74,10 +74,6 @@ def plan_engine_schemes(plan: Plan) -> tuple[str, str]:
     if "k_scheme" in e:
         return e["k_scheme"], e["v_scheme"]
     return e["scheme"], e["scheme"]
-
-
-def _ranges(idx: list[int]) -> str:
-    return " ".join(str(i) for i in idx)
 
 
 class _Distinct(dict):

@@ -6,6 +6,7 @@ from ..engines.vllm import facts
 from ..engines.vllm.catalog import GPU_NAMES, min_version_text
 from ..errors import SensprofError
 from ..plan import Plan
+from ..targets import check_vllm_gpu
 
 # --kv-cache-dtype-skip-layers: added by vLLM PR #33695; its first release could not be established from the
 # source or release notes available here, so it is gated at 0.33 (engines/vllm/facts.py SKIP_FLAG_SINCE).
@@ -52,8 +53,7 @@ def check_gpu(plan: Plan, gpu: str | None) -> None:
     dtype = plan.engine.get("kv_cache_dtype", "auto")
     if gpu is None or dtype not in facts.DTYPES:
         return
-    if gpu not in GPU_NAMES:
-        raise SensprofError(f"unknown --vllm-gpu {gpu!r}; choose one of {', '.join(GPU_NAMES)}")
+    check_vllm_gpu(gpu)
     f = facts.DTYPES[dtype]
     if gpu not in f.gpus:
         why = dict(f.excluded).get(gpu, "no backend serves it there")

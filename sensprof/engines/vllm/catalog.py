@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from ...errors import SensprofError
 from . import facts
 
+# The GPU generations of facts.GPUS, in the order --vllm-gpu lists them (the default first), with display names.
 GPU_NAMES = {"hopper": "Hopper (sm90: H100/H200)", "ampere": "Ampere (sm80/86: A100/A10)",
              "blackwell": "Blackwell (sm100: B200/GB200)", "rocm": "ROCm (MI300/RDNA3)"}
+assert set(GPU_NAMES) == set(facts.GPUS)
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class VllmDtype:
     k_scheme: str
     v_scheme: str
     k_scheme_on: dict = field(default_factory=dict)  # gpu -> the key scheme there (query cast, fp8 variant)
-    head_dims: str = "any"  # "any" | "pow2" | "256" | "nvfp4": head sizes the kernels (and emulations) take
+    head_dims: str = "any"  # "any" | "pow2" | "256" | "nvfp4": what the kernels (and emulations) add to facts.py
     needs_scales: bool = False
     flag: str = ""  # the flag value when it differs from name (calibrated fp8 is still "fp8")
     checked: str = ""  # how the emulation is pinned (README table)
@@ -62,8 +64,8 @@ class VllmDtype:
             return "needs a power-of-two head_dim"
         if self.head_dims == "256" and head_dim != 256:
             return "runs only with head_dim 256 (64 rotary dims)"
-        if self.head_dims == "nvfp4" and (head_dim not in (64, 128, 256, 512) or (head_dim == 64 and gpu != "blackwell")):
-            return "FlashInfer takes head_dim 128/256/512 (64 on Blackwell only)"
+        if self.head_dims == "nvfp4" and head_dim == 64 and gpu != "blackwell":  # the sizes: facts.supports_head_dim
+            return "FlashInfer takes head_dim 64 on Blackwell only (128/256/512 elsewhere)"
         if not facts.supports_head_dim(self.flag_value, head_dim):
             return f"vLLM does not take head_dim {head_dim} ({self.facts.head_dims})"
         return None
