@@ -226,10 +226,11 @@ def _is_gguf(name: str) -> bool:
 
 
 def _check_export_args(args) -> None:
+    from .export.sglang import check_tp
+
     if args.gpu_mem_gib is not None and not args.gpu_mem_gib > 0:
         raise SensprofError(f"--gpu-mem-gib must be positive, got {args.gpu_mem_gib}")
-    if args.tp < 1:
-        raise SensprofError(f"--tp must be at least 1 (the number of GPUs SGLang shards over), got {args.tp}")
+    check_tp(args.tp)
     if args.tp != 1 and args.format != "sglang":
         raise SensprofError("--tp is for --format sglang (its scales file is keyed by TP rank)")
     if args.write_checkpoint and args.format != "vllm":
@@ -250,16 +251,22 @@ def run_export(args) -> str:
     lines = []
     model_path = _model_path(plan, args.model)
     if args.format == "vllm":
-        from .export.vllm import gguf_model_for_vllm, vllm_argv
+        from .export.vllm import vllm_argv
 
         vllm_argv(plan, "-", args.vllm_version, args.vllm_gpu)  # refuse a bad version, dtype or GPU before loading
         if args.hub_id is not None and not _is_gguf(name):
             raise SensprofError(f"--hub-id is for GGUF models; vLLM serves {name} as it is")
+    loaded = None
+    if args.model or (args.format == "vllm" and args.write_checkpoint):
+        loaded = _load_quietly(plan, args.model)  # refuses a plan made for another model; float32 (GGUF dequantized)
+    fits_line = True
+    if args.format == "vllm":
+        from .export.vllm import gguf_model_for_vllm, vllm_comments, vllm_layers
+
         if args.write_checkpoint:
             from .export.checkpoint import has_scales, write_checkpoint
 
-            loaded = _load_quietly(plan, args.model)  # float32: a GGUF dequantizes fully; saved as bf16
-            write_checkpoint(plan, loaded.model, loaded.tokenizer, args.write_checkpoint)
+            write_checkpoint(plan, loaded.model, loaded.tokenizer, args.write_checkpoint)  # saved as bf16
             model_path = args.write_checkpoint
             if has_scales(plan):
                 lines.append(f"# wrote {model_path}: bf16 weights + calibrated per-layer k_scale/v_scale "
@@ -268,8 +275,6 @@ def run_export(args) -> str:
                 lines.append(f"# wrote {model_path}: bf16 weights and tokenizer, no KV scales: vLLM quantizes "
                              f"{plan.engine.get('kv_cache_dtype')} with its own scales, so the dtype goes on the command line")
         else:
-            if args.model:
-                _load_quietly(plan, args.model)  # refuse a plan made for another model
             if _is_gguf(name):
                 model_path, notes = gguf_model_for_vllm(name, args.hub_id)
                 lines += notes
@@ -277,15 +282,13 @@ def run_export(args) -> str:
                 lines.append("# this plan was measured with calibrated scales: add --write-checkpoint DIR to get "
                              "them into vLLM (without them vLLM uses scale 1.0)")
         argv = vllm_argv(plan, model_path, args.vllm_version, args.vllm_gpu)
-        from .export.vllm import vllm_comments
-
-        lines = vllm_comments(plan, args.gpu_mem_gib) + lines
+        layers = vllm_layers(plan)
+        fits_line = not layers  # vLLM's pool arithmetic says what fits instead
+        lines = vllm_comments(plan, args.gpu_mem_gib, layers) + lines
     elif args.format == "sglang":
         from .export.sglang import check_scales, sglang_argv, sglang_scales
         from .table import write_json
 
-        if args.model:
-            _load_quietly(plan, args.model)
         if args.scales_out:
             from .models import model_config
 
@@ -303,14 +306,9 @@ def run_export(args) -> str:
     else:
         from .export.llamacpp import build_comments, llamacpp_argv
 
-        if args.model:
-            _load_quietly(plan, args.model)
         argv = llamacpp_argv(plan, model_path)
         lines += build_comments(plan)
-    from .export.vllm import vllm_layers
-
-    vllm_pool = args.format == "vllm" and bool(vllm_layers(plan))  # then vllm_comments said what fits, vLLM's way
-    return "\n".join([command_line(argv), *memory_comments(plan, args.gpu_mem_gib, fit=not vllm_pool), *lines])
+    return "\n".join([command_line(argv), *memory_comments(plan, args.gpu_mem_gib, fit=fits_line), *lines])
 
 
 def run_generate(args) -> str:

@@ -28,7 +28,6 @@ class EngineDtype:
     v_scheme: str
     needs_scales: bool = False  # calibrated: the engine must be given per-layer scales
     boundary_skip: int = 0  # the engine itself keeps the first and last N attention layers at the model dtype
-    since: str = ""  # first engine version that accepts the flag value ("" = any we emit for)
 
     @property
     def schemes(self) -> tuple[str, str]:

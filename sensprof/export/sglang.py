@@ -30,7 +30,7 @@ def sglang_argv(plan: Plan, model_path: str, scales_path: str | None = None, tp:
 
 def check_tp(tp: int) -> None:
     if not isinstance(tp, int) or tp < 1:
-        raise SensprofError(f"--tp must be a whole number of GPUs, at least 1; got {tp!r}")
+        raise SensprofError(f"--tp must be at least 1 (the number of GPUs SGLang shards over), got {tp!r}")
 
 
 def check_scales(plan: Plan) -> None:

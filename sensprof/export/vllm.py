@@ -83,8 +83,9 @@ def vllm_argv(plan: Plan, model_path: str, version: str = DEFAULT_VERSION, gpu: 
     return argv
 
 
-def vllm_comments(plan: Plan, gpu_mem_gib: float) -> list[str]:
-    """What vLLM itself adds (boundary layers) and what its KV pool holds, with vLLM's own page arithmetic."""
+def vllm_comments(plan: Plan, gpu_mem_gib: float, layers: list[tuple]) -> list[str]:
+    """What vLLM itself adds (boundary layers) and what its KV pool holds (`layers`: vllm_layers), with vLLM's
+    own page arithmetic."""
     lines = []
     forced = plan.engine.get("forced_skip_layers") or []
     if forced:
@@ -94,13 +95,11 @@ def vllm_comments(plan: Plan, gpu_mem_gib: float) -> list[str]:
     if gpu:
         lines.append(f"# planned and measured for {GPU_NAMES.get(gpu, gpu)}; on another GPU pass "
                      "--vllm-gpu to `sensprof plan` (dtypes and fp8 query casts differ)")
-    layers = vllm_layers(plan)
     if layers:
-        per_tok = facts.pool_bytes_per_token(layers)
-        bf16 = facts.pool_bytes_per_token([("auto", h, d, w) for _, h, d, w in layers])
+        unquantized = [("auto", h, d, w) for _, h, d, w in layers]
+        per_tok, bf16 = facts.pool_bytes_per_token(layers), facts.pool_bytes_per_token(unquantized)
         budget = int(gpu_mem_gib * 2**30)
-        fit = facts.tokens_that_fit(budget, layers)
-        fit16 = facts.tokens_that_fit(budget, [("auto", h, d, w) for _, h, d, w in layers])
+        fit, fit16 = facts.tokens_that_fit(budget, layers), facts.tokens_that_fit(budget, unquantized)
         lines.append(f"# vLLM's KV pool (its page/block arithmetic): {per_tok:,.0f} bytes per token vs {bf16:,.0f} "
                      f"at bf16; {fit:,} tokens fit in {gpu_mem_gib:g} GiB vs {fit16:,} at bf16")
     return lines

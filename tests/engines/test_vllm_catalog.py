@@ -85,6 +85,7 @@ def test_describe_lists_every_dtype_with_bits_and_gpus():
         assert d.flag_value in text
     assert "turboquant_k3v4_nc" in text and "3.25/3.12" in text and "vLLM keeps the first and last 2 layers" in text
     assert "not on hopper,ampere,blackwell" in text and "MLA models only" in text
+    assert "checked: golden: vLLM's Triton write kernel" in text and "checked: from source only" in text
     with pytest.raises(SensprofError, match="unknown --vllm-gpu 'tpu'"):
         catalog.describe_dtypes("tpu")
 

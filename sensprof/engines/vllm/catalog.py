@@ -193,8 +193,7 @@ def engine_dtypes(gpu: str, head_dims=None):
         if gpu not in d.gpus or any(d.head_dim_problem(h, gpu) for h in head_dims or ()):
             continue
         k, v = d.schemes_on(gpu)
-        out.append(EngineDtype(d.flag_value, k, v, needs_scales=d.needs_scales, boundary_skip=d.boundary_skip,
-                               since=d.since))
+        out.append(EngineDtype(d.flag_value, k, v, needs_scales=d.needs_scales, boundary_skip=d.boundary_skip))
     return tuple(out)
 
 
@@ -244,6 +243,7 @@ def describe_dtypes(gpu: str | None = None, head_dim: int = 128) -> str:
         for g in off:
             reasons.setdefault(why.get(g, "not served there"), []).append(g)
         notes += [f"not on {','.join(gs)}: {r}" for r, gs in reasons.items()]
+        notes.append(f"checked: {d.checked}")
         lines.append(f"{d.flag_value + (' (cal)' if d.needs_scales else ''):<22}{kb:>14}{vb:>14}  {d.since or 'any':<6} "
                      f"{runs:<30} {'; '.join(notes)}")
     lines.append("not offered: " + "; ".join(f"{k} ({v})" for k, v in OTHER_DTYPES.items()))
