@@ -4,7 +4,8 @@
 #   vllm target (every vLLM 0.33 dtype on Hopper, vLLM's boundary layers kept): 4.5 (the least any dtype fits in), 5, 6 and 8 bits, from
 #   `sensprof profile --target vllm` (profiles/smollm2-135m-vllm).
 # Run from the repository root:  bash plans/make_examples.sh
-# Profiles are resumed or reused if present (~9 and ~16 min on 2 CPU cores).
+# Profiles are resumed or reused if present (~16 and ~12 min on 2 CPU cores); each validation runs at the
+# profile's length and at 4x it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=profiles/smollm2-135m

@@ -23,15 +23,17 @@ def load_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 
     return select_windows(tokenizer, text_files, seq_len, windows, seed, exclude)[:3]
 
 
-def profile(model="smollm2-135m", schemes=None, *, tokenizer=None, text=None, seq_len=256, windows=2, seed=0,
-            layers=None, out_dir=None, device="auto", dtype=None, variants_per_pass=1, progress=True):
+def profile(model="smollm2-135m", schemes=None, *, k_schemes=None, v_schemes=None, tokenizer=None, text=None,
+            seq_len=256, windows=2, seed=0, layers=None, out_dir=None, device="auto", dtype=None,
+            variants_per_pass=1, kl="exact", progress=True):
     """Profile a model (an id/path/alias, or a loaded transformers model with its tokenizer).
 
+    `schemes` go to both K and V; `k_schemes` / `v_schemes` to one (default: the per-tensor default menus).
     Returns a `Profile` whose `.table` is a pandas DataFrame (one row per layer x tensor x scheme).
     """
     from .models import load_model
     from .profile import run_profile
-    from .schemes import DEFAULT_SCHEMES, parse_schemes
+    from .schemes import parse_menu
 
     model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", type(model).__name__)
     if isinstance(model, str):
@@ -45,7 +47,8 @@ def profile(model="smollm2-135m", schemes=None, *, tokenizer=None, text=None, se
         register()
     ids, name, digest, slots = select_windows(tokenizer, [text] if isinstance(text, str) else text, seq_len,
                                               windows, seed)
-    return run_profile(model, ids, parse_schemes(schemes or list(DEFAULT_SCHEMES)), layers=layers, out_dir=out_dir,
+    menu = parse_menu(schemes, k_schemes, v_schemes)
+    return run_profile(model, ids, menu, layers=layers, out_dir=out_dir,
                        model_id=model_id, text_name=name, text_digest=digest, seed=seed,
-                       variants_per_pass=variants_per_pass, progress=progress,
+                       variants_per_pass=variants_per_pass, kl=kl, progress=progress,
                        extra_meta={"window_slots": slots, "text_files": text})

@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import io
 import os
-import re
 import sys
 
 from .errors import SensprofError
@@ -36,26 +35,39 @@ def _add_engine_args(p, llamacpp=False):
                             "(f16, q8_0, q4_0 with K and V alike); default: any pair")
 
 
-def _add_text_args(p, seq_len=256, windows=2):
+def _add_text_args(p, seq_len=256, windows=2, lengths=False):
     p.add_argument("--text", action="append", metavar="FILE",
                    help="plain-text or JSONL ({\"text\": ...}) file; repeatable (default: Python's pydoc topics)")
-    p.add_argument("--seq-len", type=int, default=seq_len, help=f"tokens per window (default {seq_len})")
+    if lengths:
+        p.add_argument("--seq-len", default=str(seq_len),
+                       help=f"tokens per window (default {seq_len}); a list such as 256,1024,4096 profiles each length "
+                            "(the longest in --out, the others in --out/lengths/<L>); `sensprof summary` shows damage "
+                            "vs length")
+    else:
+        p.add_argument("--seq-len", type=int, default=seq_len, help=f"tokens per window (default {seq_len})")
     p.add_argument("--windows", type=int, default=windows, help=f"number of windows (default {windows})")
     p.add_argument("--seed", type=int, default=0, help="which windows of the text are taken (default 0)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .schemes import DEFAULT_SCHEMES
+    from .schemes import DEFAULT_K_SCHEMES, DEFAULT_V_SCHEMES
 
     parser = _Parser(prog="sensprof", description="Per-layer Key/Value cache quantization sensitivity for causal LMs.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
     p = sub.add_parser("profile", help="measure the damage of quantizing each layer's K and V with each scheme")
     _add_model_args(p)
-    _add_text_args(p)
+    _add_text_args(p, lengths=True)
     p.add_argument("--schemes", default=None,
-                   help="comma-separated scheme names (see `sensprof schemes`); default: those --target needs, "
-                        "else " + ",".join(DEFAULT_SCHEMES))
+                   help="comma-separated scheme names for both K and V (see `sensprof schemes`); default: the K and "
+                        "V menus below, or those --target needs")
+    p.add_argument("--k-schemes", default=None,
+                   help="key menu (default: " + ",".join(DEFAULT_K_SCHEMES) + ")")
+    p.add_argument("--v-schemes", default=None,
+                   help="value menu (default: " + ",".join(DEFAULT_V_SCHEMES) + ")")
+    p.add_argument("--kl", default="exact",
+                   help="exact (default: LM head and KL in vocabulary chunks) | sampled[:K] (opt-in approximation: "
+                        "the top K tokens plus K tail samples per position; K=256) | materialized (full logits)")
     p.add_argument("--target", default=None,
                    help="profile every scheme this target can use: vllm | sglang | llamacpp | sensprof (the default "
                         "schemes); with --schemes, both")
@@ -65,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants-per-pass", type=int, default=1,
                    help="schemes evaluated together in one batched forward (raise on a GPU; default 1)")
     p.add_argument("--naive", action="store_true",
-                   help="run a full forward per cell instead of replaying from the quantized layer (for benchmarks)")
+                   help="a full forward per cell with full [tokens, vocab] logits compared, instead of replaying from the "
+                        "quantized layer and comparing in vocabulary chunks (the reference for benchmarks)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
 
     m = sub.add_parser("merge", help="join profiles of the same model/settings computed for different layers")
@@ -86,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_budget(pl)
     pl.add_argument("--target", default="sensprof", help="sensprof (default) | vllm | sglang | llamacpp")
     pl.add_argument("--objective", default="kl", help="kl (default) | dnll | local (attention-output error)")
+    pl.add_argument("--robust", type=float, nargs="?", const=1.0, default=0.0, metavar="X",
+                    help="objective kl: cost each cell its mean KL plus X (default 1) times its spread across windows")
+    pl.add_argument("--refine", type=int, default=0, metavar="N",
+                    help="up to N rounds: measure the whole plan, re-measure the cells near the decision boundary "
+                         "with the rest of the plan applied, re-solve; stops when measured KL stops improving "
+                         "(loads the model and the profile's text)")
+    pl.add_argument("--device", default="auto", help="--refine: cpu, cuda or auto")
     pl.add_argument("--num-skip", type=int, default=None,
                     help="vllm: keep exactly this many layers at the model dtype (the planner picks which), besides "
                          "the boundary layers vLLM itself keeps for some dtypes")
@@ -96,11 +116,19 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("profile_dir", help="directory written by `sensprof profile`")
     sw.add_argument("--target", default="sensprof", help="sensprof (default) | vllm | sglang | llamacpp")
     sw.add_argument("--objective", default="kl", help="kl (default) | dnll | local")
+    sw.add_argument("--robust", type=float, nargs="?", const=1.0, default=0.0, metavar="X",
+                    help="objective kl: mean KL plus X (default 1) times its spread across windows")
     _add_engine_args(sw, llamacpp=True)
-    sw.add_argument("--avg-bits", default="3,4,5,6,8,10,12",
-                    help="comma-separated --avg-bits budgets (default 3,4,5,6,8,10,12)")
-    sw.add_argument("--validate", action="store_true", help="also measure each plan (see `sensprof validate`)")
+    sw.add_argument("--avg-bits", default="3,3.5,4,4.5,5,6,8",
+                    help="comma-separated --avg-bits budgets (default 3,3.5,4,4.5,5,6,8)")
+    sw.add_argument("--validate", action="store_true",
+                    help="also measure each plan and the menu's uniform configurations on unseen windows")
+    sw.add_argument("--uniform", default="frontier",
+                    help="with --validate, which uniform configurations (every layer one K and one V scheme of the "
+                         "menu) to measure: frontier (default: those the profile predicts within 1.5x of the best "
+                         "at their memory, plus the common ones) | all | none")
     sw.add_argument("--windows", type=int, default=None, help="validation windows (default: as profiled)")
+    sw.add_argument("--seq-len", type=int, default=None, help="validation tokens per window (default: as profiled)")
     sw.add_argument("--device", default="auto", help="validation device (default: cuda if available)")
     sw.add_argument("--out", default=None, help="directory for the plans and sweep.csv (default: plans/sweep-<model>-<target>)")
 
@@ -108,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("plan", help="plan JSON written by `sensprof plan`")
     va.add_argument("--model", default=None, help="model to load (default: the plan's model)")
     va.add_argument("--windows", type=int, default=None, help="windows (default: as many as profiled)")
-    va.add_argument("--seq-len", type=int, default=None, help="tokens per window (default: as profiled)")
+    va.add_argument("--seq-len", default=None,
+                    help="tokens per window, or a list such as 256,1024 (default: as profiled and 4x that, within the "
+                         "model's positions); a plan whose advantage over uniform vanishes at a longer length is flagged")
     va.add_argument("--device", default="auto", help="cpu, cuda or auto")
     va.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16")
     va.add_argument("--out", default=None, help="CSV path (default: beside the plan, <plan>.validation.csv)")
@@ -185,40 +215,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def default_out_dir(model: str) -> str:
-    name = os.path.basename(model.rstrip("/")) if os.path.exists(model) else model
-    return os.path.join("profiles", re.sub(r"[^A-Za-z0-9._-]+", "_", name.removesuffix(".gguf")))
-
-
-def profile_scheme_names(schemes: str | None, target: str | None, vllm_gpu: str | None, head_dims=None) -> list[str]:
-    """--schemes, the schemes --target needs (for the model's head dims), or both; the default menu when neither
-    is given."""
-    from .schemes import DEFAULT_SCHEMES
-    from .targets import get_target
-
-    names = [schemes] if schemes else []
-    if target is not None and target != "sensprof":
-        names += get_target(target, vllm_gpu, head_dims=head_dims).schemes_needed()
-    elif vllm_gpu is not None:
-        raise SensprofError("--vllm-gpu needs --target vllm")
-    elif target == "sensprof" or not names:
-        names += list(DEFAULT_SCHEMES)
-    return names
-
-
 def cmd_profile(args) -> int:
     from .api import select_windows
     from .models import describe_layers, load_model, max_positions
     from .profile import run_profile
-    from .schemes import parse_schemes
     from .summary import summarize
     from .table import parse_layers
 
-    parse_schemes(profile_scheme_names(args.schemes, args.target, args.vllm_gpu))  # bad names fail before loading
-    if args.windows < 1:
-        raise SensprofError("--windows must be at least 1")
-    if args.variants_per_pass < 1:
-        raise SensprofError("--variants-per-pass must be at least 1")
+    from .data import parse_seq_lens
+    from .profile import parse_kl
+    from .targets import profile_menu
+
+    profile_menu(args.schemes, args.target, args.vllm_gpu, None, args.k_schemes, args.v_schemes)  # fail before loading
+    parse_kl(args.kl)
+    if args.naive and args.kl != "exact":
+        raise SensprofError("--naive compares full logits; drop --kl")
+    lengths = parse_seq_lens(args.seq_len)
+    for flag, value in (("--windows", args.windows), ("--variants-per-pass", args.variants_per_pass)):
+        if value < 1:
+            raise SensprofError(f"{flag} must be at least 1")
     # --quiet: the GGUF loader draws its own progress bar on stderr; errors still arrive as exceptions.
     if args.quiet:
         from transformers.utils import logging as hf_logging
@@ -229,18 +244,24 @@ def cmd_profile(args) -> int:
 
     infos = describe_layers(loaded.model)
     layers = parse_layers(args.layers, len(infos))
-    schemes = parse_schemes(profile_scheme_names(args.schemes, args.target, args.vllm_gpu,
-                                                 {i.head_dim for i in infos}))
-    limit = max_positions(loaded.model)
-    if limit is not None and args.seq_len > limit:
-        raise SensprofError(f"--seq-len {args.seq_len} is beyond the model's {limit} positions; use --seq-len <= {limit}")
-    ids, text_name, digest, slots = select_windows(loaded.tokenizer, args.text, args.seq_len, args.windows, args.seed)
+    schemes = profile_menu(args.schemes, args.target, args.vllm_gpu, {i.head_dim for i in infos},
+                           args.k_schemes, args.v_schemes)
+    parse_seq_lens(args.seq_len, max_positions(loaded.model))
+    from .table import default_out_dir, length_dir
+
     out = args.out or default_out_dir(args.model)
-    prof = run_profile(loaded.model, ids, schemes, layers=layers, out_dir=out, model_id=args.model,
-                       text_name=text_name, text_digest=digest, seed=args.seed,
-                       variants_per_pass=args.variants_per_pass, replay=not args.naive, progress=not args.quiet,
-                       extra_meta={"window_slots": slots,
-                                   "text_files": [os.path.abspath(t) for t in args.text] if args.text else None})
+
+    for n in lengths:  # the shorter ones first (cheap), the longest last: it is the profile the planner reads
+        ids, text_name, digest, slots = select_windows(loaded.tokenizer, args.text, n, args.windows, args.seed)
+        if not args.quiet and len(lengths) > 1:
+            print(f"profiling at {n} tokens per window", file=sys.stderr)
+        prof = run_profile(loaded.model, ids, schemes, layers=layers, out_dir=out if n == lengths[-1] else
+                           length_dir(out, n), model_id=args.model,
+                           text_name=text_name, text_digest=digest, seed=args.seed,
+                           variants_per_pass=args.variants_per_pass, replay=not args.naive,
+                           kl="materialized" if args.naive else args.kl, progress=not args.quiet,
+                           extra_meta={"window_slots": slots, "lengths": lengths if len(lengths) > 1 else None,
+                                       "text_files": [os.path.abspath(t) for t in args.text] if args.text else None})
     if not args.quiet:
         print(summarize(prof))
         print(f"\nwrote {out}/ (profile.csv, heads.csv, stats.csv, calibration.json, meta.json)")
@@ -273,8 +294,7 @@ def cmd_summary(args) -> int:
 
 
 def cmd_schemes(args) -> int:
-    from .memory import bits_per_element
-    from .schemes import REGISTRY
+    from .memory import describe_schemes
 
     if args.target is not None:
         if args.target != "vllm":
@@ -285,11 +305,7 @@ def cmd_schemes(args) -> int:
         return 0
     if args.vllm_gpu is not None:
         raise SensprofError("--vllm-gpu needs --target vllm")
-    print(f"{'scheme':<26}{'bits/elt (head_dim 64)':>24}{'bits/elt (128)':>16}  description")
-    for s in REGISTRY.values():
-        print(f"{s.name:<26}{bits_per_element(s, 64):>24.3f}{bits_per_element(s, 128):>16.3f}  {s.description}")
-    print("\nmodifiers: _pre (keys before RoPE), _r<R> (R most recent tokens in full precision), "
-          "_s<S> (S first tokens in full precision), e.g. int4_c32_pre_r128; engine formats take none")
+    print(describe_schemes())
     return 0
 
 
@@ -298,8 +314,14 @@ def cmd_plan(args) -> int:
     from .commands import make_plan, plan_path
 
     budget = budget_from_args(args.avg_bits, args.fraction, args.gpu_mem_gib, args.max_model_len, args.max_num_seqs)
+    if args.refine < 0:
+        raise SensprofError(f"--refine {args.refine} is negative; pass the number of rounds, e.g. 3")
     plan = make_plan(args.profile_dir, args.target, budget, args.objective, args.num_skip, args.vllm_gpu,
-                     args.llamacpp_build)
+                     args.llamacpp_build, args.robust)
+    if args.refine:
+        from .refine import refine_plan
+
+        plan = refine_plan(plan, args.profile_dir, budget, args.refine, args.device)
     out = args.out or plan_path(plan)
     plan.save(out)
     from .commands import describe_plan
@@ -310,7 +332,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from .commands import run_sweep
+    from .sweep import run_sweep
 
     run_sweep(args)
     return 0

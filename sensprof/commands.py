@@ -10,7 +10,7 @@ from .plan import Plan, build_plan, load_plan
 
 
 def make_plan(profile_dir: str, target: str, budget, objective: str = "kl", num_skip=None, vllm_gpu=None,
-              llamacpp_build=None) -> Plan:
+              llamacpp_build=None, robust: float = 0.0) -> Plan:
     from .planner import plan, problem_from_table
     from .table import load_profile
     from .targets import get_target
@@ -18,9 +18,11 @@ def make_plan(profile_dir: str, target: str, budget, objective: str = "kl", num_
     get_target(target, vllm_gpu, llamacpp_build)  # a bad target or option fails before the profile is read
     profile = load_profile(profile_dir, require_complete=True)
     tgt = get_target(target, vllm_gpu, llamacpp_build, {layer["head_dim"] for layer in profile.meta["layers"]})
-    problem = problem_from_table(current_cells(profile), profile.meta["layers"], objective)
+    problem = problem_from_table(current_cells(profile), profile.meta["layers"], objective, robust)
     solution = plan(problem, tgt, budget, num_skip)
     result = build_plan(profile, solution, target, objective, budget)
+    if robust:
+        result.solver["robust"] = robust
     if target == "vllm" and budget.kind == "serving":
         check_vllm_pool(result, budget)
     return result
@@ -124,75 +126,64 @@ def validate_plan(plan: Plan, loaded, windows=None, seq_len=None, progress=None)
     return validation_table(plan, measured, configs, table)
 
 
+def validation_lengths(plan: Plan, spec, model) -> list[int]:
+    """--seq-len for validate: a length or a list; default the profile's length and 4x it (within the model)."""
+    from .models import max_positions
+
+    own = int(plan.profile["settings"]["seq_len"])
+    limit = max_positions(model)
+    if spec is None:
+        longer = 4 * own if limit is None else min(4 * own, limit)
+        return sorted({own, longer})
+    from .data import parse_seq_lens
+
+    return parse_seq_lens(spec, limit)
+
+
+def advantage_note(df) -> str | None:
+    """A warning when the plan beats every uniform configuration of as much memory at the first length but not
+    at a longer one."""
+    ratios = {}
+    for n, g in df.groupby("seq_len", sort=True):
+        rich = g[g.memory_vs_plan == ">="]
+        if len(rich):
+            best = rich.loc[rich.measured_kl.idxmin()]
+            ratios[int(n)] = (float(g[g.config == "plan"].measured_kl.iloc[0]) / float(best.measured_kl), best.config)
+    if len(ratios) < 2:
+        return None
+    first, *rest = sorted(ratios)
+    if ratios[first][0] >= 1:
+        return None
+    lost = [n for n in rest if ratios[n][0] >= 1]
+    if not lost:
+        return None
+    n = lost[0]
+    return (f"warning: the plan's advantage over uniform configurations of as much memory vanishes at {n} tokens: "
+            f"its KL is {ratios[n][0]:.2f}x that of {ratios[n][1]} there (was {ratios[first][0]:.2f}x at {first}); "
+            "profile at that length (`sensprof profile --seq-len ...`) and re-plan")
+
+
 def run_validate(args) -> None:
+    import pandas as pd
+
     from .table import atomic_write_text
     from .validate import format_table
 
     plan = load_plan(args.plan)
     loaded = _load_for_plan(plan, args.model, args.device, args.dtype)
-    df = validate_plan(plan, loaded, args.windows, args.seq_len)
-    print(format_table(df))
+    frames = []
+    for n in validation_lengths(plan, args.seq_len, loaded.model):
+        df = validate_plan(plan, loaded, args.windows, n).assign(seq_len=n)
+        print(f"measured on {args.windows or plan.profile['settings']['windows']} unseen windows of {n} tokens:")
+        print(format_table(df))
+        frames.append(df)
+    df = pd.concat(frames, ignore_index=True)
+    note = advantage_note(df)
+    if note:
+        print(note)
     out = args.out or os.path.splitext(args.plan)[0] + ".validation.csv"
     atomic_write_text(out, df.to_csv(index=False))
     print(f"wrote {out}")
-
-
-def run_sweep(args) -> None:
-    import pandas as pd
-
-    from .budget import Budget
-    from .table import atomic_write_text, load_profile
-
-    try:
-        budgets = [float(x) for x in str(args.avg_bits).split(",") if x.strip()]
-    except ValueError:
-        raise SensprofError(f"--avg-bits {args.avg_bits!r} is not a comma-separated list of numbers; e.g. 3,4,6") from None
-    if not budgets:
-        raise SensprofError("--avg-bits needs at least one budget, e.g. 3,4,6")
-    profile = load_profile(args.profile_dir, require_complete=True)
-    model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(profile.meta["model"]["id"]).removesuffix(".gguf"))
-    out = args.out or os.path.join("plans", f"sweep-{os.path.basename(model)}-{args.target}")
-    rows, plans = [], []
-    for b in sorted(budgets):
-        try:
-            plan = make_plan(args.profile_dir, args.target, Budget("avg_bits", b), args.objective, None,
-                             args.vllm_gpu, args.llamacpp_build)
-        except SensprofError as e:
-            if "infeasible" in str(e):
-                print(f"--avg-bits {b:g}: infeasible for {args.target}")
-                continue
-            raise
-        path = os.path.join(out, f"plan-{b:g}bits.json")
-        plan.save(path)
-        plans.append((path, plan))
-        rows.append({"budget_avg_bits": b, "avg_bits": plan.predicted["avg_bits"],
-                     "fraction_of_bf16": plan.predicted["fraction_of_bf16"],
-                     "predicted_damage": plan.predicted["damage"], "engine": plan.engine_summary(), "plan": path})
-    if not rows:
-        raise SensprofError(f"every budget was infeasible for target {args.target}; try larger --avg-bits")
-    df = pd.DataFrame(rows)
-    best = float("inf")
-    frontier = []
-    for r in df.sort_values("avg_bits").itertuples():  # non-dominated: less damage than any cheaper plan
-        frontier.append(r.predicted_damage < best - 1e-18)
-        best = min(best, r.predicted_damage)
-    df = df.sort_values("avg_bits").assign(frontier=frontier)
-    if args.validate:
-        loaded = _load_for_plan(plans[0][1], None, args.device)
-        from .validate import measure
-
-        measured_kl, dppl = [], []
-        for r in df.itertuples():
-            plan = load_plan(r.plan)
-            m = measure(loaded.model, validation_windows(plan, loaded.tokenizer, args.windows, None),
-                        {"plan": plan.layers})["plan"]
-            measured_kl.append(m["kl"])
-            dppl.append(m["dppl"])
-        df = df.assign(measured_kl=measured_kl, dppl=dppl)
-    atomic_write_text(os.path.join(out, "sweep.csv"), df.to_csv(index=False))
-    with pd.option_context("display.width", 200, "display.max_colwidth", 60):
-        print(df.drop(columns=["plan"]).to_string(index=False))
-    print(f"wrote {out}/sweep.csv and {len(rows)} plans")
 
 
 def _model_path(plan: Plan, model: str | None) -> str:

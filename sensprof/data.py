@@ -94,3 +94,18 @@ def make_windows(tokens: list[int], seq_len: int, n_windows: int, seed: int = 0,
 
 def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def parse_seq_lens(spec, limit: int | None = None) -> list[int]:
+    """--seq-len 256 or 256,1024,4096 -> sorted distinct lengths."""
+    try:
+        lengths = sorted({int(x) for x in str(spec).split(",") if x.strip()})
+    except ValueError:
+        raise SensprofError(f"--seq-len {spec!r} is not a number or a comma-separated list such as 256,1024") from None
+    if not lengths:
+        raise SensprofError("--seq-len needs a length, e.g. 256")
+    if lengths[0] < 2:
+        raise SensprofError(f"--seq-len {lengths[0]} is too short; use at least 2")
+    if limit is not None and lengths[-1] > limit:
+        raise SensprofError(f"--seq-len {lengths[-1]} is beyond the model's {limit} positions; use lengths <= {limit}")
+    return lengths

@@ -36,11 +36,30 @@ def model_eager(module):
     return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", _generic_eager)
 
 
+QUERY_BLOCK = 1024  # queries per eager-attention call: long windows never hold [T, T] weights for all queries
+
+
+def query_blocks(n_queries: int, mask) -> list[slice]:
+    """Blocks of query positions for eager attention (one block when short, or when there is no mask to slice)."""
+    if n_queries <= QUERY_BLOCK or mask is None:
+        return [slice(0, n_queries)]
+    return [slice(t, min(n_queries, t + QUERY_BLOCK)) for t in range(0, n_queries, QUERY_BLOCK)]
+
+
+def blocked_eager(eager, module, query, key, value, mask, **kwargs):
+    """The model's eager attention, a block of queries at a time (its weights are only returned when unblocked)."""
+    blocks = query_blocks(query.shape[-2], mask)
+    if len(blocks) == 1:
+        return eager(module, query, key, value, mask, **kwargs)
+    outs = [eager(module, query[..., b, :], key, value, mask[..., b, :], **kwargs)[0] for b in blocks]
+    return torch.cat(outs, dim=1), None
+
+
 def _sensprof_attention(module, query, key, value, attention_mask, **kwargs):
     eager = model_eager(module)
     tap = _TAPS.get(id(module))
     if tap is None:
-        return eager(module, query, key, value, attention_mask, **kwargs)
+        return blocked_eager(eager, module, query, key, value, attention_mask, **kwargs)
     return tap(eager, module, query, key, value, attention_mask, kwargs)
 
 

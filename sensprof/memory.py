@@ -73,3 +73,19 @@ def layer_cache_bits(scheme: QuantScheme, n_tokens: int, kv_heads: int, head_dim
 
 def layer_cache_bytes(scheme: QuantScheme, n_tokens: int, kv_heads: int, head_dim: int) -> int:
     return math.ceil(layer_cache_bits(scheme, n_tokens, kv_heads, head_dim) / 8)
+
+
+def describe_schemes() -> str:
+    """`sensprof schemes`: every registered scheme with its cost, and the default menus with theirs."""
+    from .schemes import REGISTRY, parse_menu
+
+    lines = [f"{'scheme':<26}{'bits/elt (head_dim 64)':>24}{'bits/elt (128)':>16}  description"]
+    for s in REGISTRY.values():
+        lines.append(f"{s.name:<26}{bits_per_element(s, 64):>24.3f}{bits_per_element(s, 128):>16.3f}  {s.description}")
+    lines.append("\nmodifiers: _pre (keys before RoPE), _r<R> (R most recent tokens in full precision), "
+                 "_s<S> (S first tokens in full precision), e.g. int4_c32_pre_r128; engine formats take none")
+    menu = parse_menu()
+    for label, schemes in (("key", menu.k), ("value", menu.v)):
+        listed = ", ".join(f"{s.name} ({bits_per_element(s, 64):.3g})" for s in schemes)
+        lines.append(f"\ndefault {label} menu (--{label[0]}-schemes), bits/elt at head_dim 64: {listed}")
+    return "\n".join(lines)

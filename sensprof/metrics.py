@@ -36,17 +36,32 @@ def _expect(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def attention_kl(p_base: torch.Tensor, p_quant: torch.Tensor) -> torch.Tensor:
     """Mean over batch and queries of KL between attention rows, per query head: [Hq]."""
-    pb, pq = p_base.double(), p_quant.double()
-    kl = torch.xlogy(pb, pb) - torch.xlogy(pb, pq.clamp_min(1e-300))
-    return kl.sum(-1).clamp_min(0.0).mean(dim=(0, 2))
+    return attention_kl_sum(p_base, p_quant) / (p_base.shape[0] * p_base.shape[2])
+
+
+def attention_kl_sum(p_base: torch.Tensor, p_quant: torch.Tensor) -> torch.Tensor:
+    """Sum over batch and queries of KL between attention rows, per query head: [Hq].
+
+    In blocks of queries, so the float64 temporaries stay small at long context."""
+    total = torch.zeros(p_base.shape[1], dtype=torch.float64, device=p_base.device)
+    step = max(1, (1 << 22) // max(1, p_base.shape[0] * p_base.shape[1] * p_base.shape[-1]))
+    for t0 in range(0, p_base.shape[2], step):
+        pb, pq = p_base[:, :, t0:t0 + step].double(), p_quant[:, :, t0:t0 + step].double()
+        kl = torch.xlogy(pb, pb) - torch.xlogy(pb, pq.clamp_min(1e-300))
+        total += kl.sum(-1).clamp_min(0.0).sum(dim=(0, 2))
+    return total
 
 
 def relative_l2(out_base: torch.Tensor, out_quant: torch.Tensor) -> torch.Tensor:
     """||O_q - O_b|| / ||O_b|| per query head, for attention outputs [B, T, Hq, D]: [Hq]."""
+    num, den = squared_errors(out_base, out_quant)
+    return num.sqrt() / den.sqrt().clamp_min(1e-300)
+
+
+def squared_errors(out_base: torch.Tensor, out_quant: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(||O_q - O_b||^2, ||O_b||^2) per query head [Hq], summable over blocks of queries."""
     ob, oq = out_base.double(), out_quant.double()
-    num = (oq - ob).pow(2).sum(dim=(0, 1, 3)).sqrt()
-    den = ob.pow(2).sum(dim=(0, 1, 3)).sqrt().clamp_min(1e-300)
-    return num / den
+    return (oq - ob).pow(2).sum(dim=(0, 1, 3)), ob.pow(2).sum(dim=(0, 1, 3))
 
 
 class MomentStats:

@@ -31,12 +31,20 @@ class Problem:
         return 0.0 if scheme == NONE else self.damage[(layer, tensor, scheme)]
 
 
-def problem_from_table(table, layers: list[dict], objective: str = "kl") -> Problem:
-    """Build the problem from a profile table (pandas DataFrame with layer, tensor, scheme and metrics)."""
+def problem_from_table(table, layers: list[dict], objective: str = "kl", robust: float = 0.0) -> Problem:
+    """Build the problem from a profile table (pandas DataFrame with layer, tensor, scheme and metrics).
+
+    `robust` > 0 (objective kl): each cell costs its mean KL plus `robust` times its spread across windows, so a
+    scheme that is cheap on average but bad on some text loses to a steadier one."""
     if objective not in OBJECTIVES:
         raise SensprofError(f"unknown --objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
+    if robust < 0:
+        raise SensprofError(f"--robust {robust:g} is negative; pass a multiple of the spread >= 0, e.g. 1")
+    if robust and objective != "kl":
+        raise SensprofError("--robust weighs the KL's spread across windows; use it with --objective kl")
     col = OBJECTIVES[objective]
-    damage = {(int(r.layer), str(r.tensor), str(r.scheme)): float(getattr(r, col)) for r in table.itertuples()}
+    damage = {(int(r.layer), str(r.tensor), str(r.scheme)):
+              float(getattr(r, col)) + (robust * float(r.kl_std) if robust else 0.0) for r in table.itertuples()}
     n = len(layers)
     options = {}
     for tensor in ("K", "V"):

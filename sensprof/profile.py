@@ -19,9 +19,9 @@ from .errors import SensprofError
 from .hooks import attention_taps, record_layer_outputs, replay_from
 from .memory import bits_per_element
 from .schemes import scheme_revision
-from .metrics import kl_and_dnll, log_probs, token_nll
 from .models import describe_layers, fingerprint, layer_infos_to_json
-from .schemes import QuantScheme
+from .outputs import Baseline, MaterializedBaseline, output_head
+from .schemes import Menu, QuantScheme
 from .table import (
     CALIBRATION,
     FORMAT_VERSION,
@@ -42,24 +42,15 @@ from .table import (
 from .taps import QuantTap, StatsTap
 
 
-class Baseline:
-    """Unquantized next-token distributions, kept once for every cell's comparison."""
-
-    def __init__(self, logits: torch.Tensor, input_ids: torch.Tensor):
-        logp = log_probs(logits)
-        if not torch.isfinite(logp).all():
-            raise SensprofError(
-                "the unquantized model produced NaN/Inf logits on these windows; try --dtype float32 or "
-                "a shorter --seq-len")
-        self.logits = logits.float()
-        self.p = logp.exp().float()
-        self.mean_nll = float(token_nll(logp, input_ids).mean())
-
-    def compare(self, logits: torch.Tensor, input_ids: torch.Tensor) -> dict:
-        kl, dnll = kl_and_dnll(self.p, self.logits, logits, input_ids)
-        per_window = kl.mean(-1)
-        return {"kl": max(float(kl.mean()), 0.0), "kl_std": float(per_window.std()) if kl.shape[0] > 1 else 0.0,
-                "dnll": float(dnll.mean())}
+def parse_kl(kl: str) -> int:
+    """--kl exact | materialized | sampled[:K] -> tokens sampled per position (0: exact)."""
+    if kl in ("exact", "materialized"):
+        return 0
+    if kl == "sampled" or kl.startswith("sampled:"):
+        k = kl.partition(":")[2] or "256"
+        if k.isdigit() and int(k) >= 1:
+            return int(k)
+    raise SensprofError(f"--kl {kl!r} is not exact, materialized or sampled[:K] (e.g. sampled:256)")
 
 
 def _input_device(model):
@@ -73,27 +64,29 @@ def _versions() -> dict:
             "python": platform.python_version()}
 
 
-def profile_settings(model, input_ids: torch.Tensor, schemes: list[QuantScheme], *, text_digest: str,
-                     seed: int, variants_per_pass: int) -> dict:
+def profile_settings(model, input_ids: torch.Tensor, menu: Menu, *, text_digest: str, seed: int,
+                     variants_per_pass: int, kl: str = "exact") -> dict:
     """What must match for two runs to belong to one profile (--layers excluded)."""
     p = next(model.parameters())
     return {"model_fingerprint": fingerprint(model), "seq_len": int(input_ids.shape[1]),
             "windows": int(input_ids.shape[0]), "seed": seed, "text_digest": text_digest,
-            "schemes": [s.name for s in schemes], "dtype": str(p.dtype).replace("torch.", ""),
-            "device_type": p.device.type, "variants_per_pass": variants_per_pass}
+            "k_schemes": [s.name for s in menu.k], "v_schemes": [s.name for s in menu.v],
+            "dtype": str(p.dtype).replace("torch.", ""), "device_type": p.device.type,
+            "variants_per_pass": variants_per_pass, "kl": kl}
 
 
-def _baseline_pass(model, session, input_ids, n_layers):
+def _baseline_pass(model, session, input_ids, n_layers, head):
+    """One unquantized forward: statistics, every layer's output, and the final hidden states (or logits)."""
     stats_taps = [StatsTap(session, i) for i in range(n_layers)]
     for i, tap in enumerate(stats_taps):
         session.set_tap(i, tap)
     outputs: dict = {}
     try:
         with record_layer_outputs(model, outputs):
-            logits = model(input_ids=input_ids, use_cache=False).logits
+            final = model(input_ids=input_ids, use_cache=False).logits if head is None else head.hidden(input_ids)
     finally:
         session.clear_taps()
-    return logits, outputs, stats_taps
+    return final, outputs, stats_taps
 
 
 def _stats_rows(infos, stats_taps) -> tuple[list[dict], dict]:
@@ -111,37 +104,44 @@ def _stats_rows(infos, stats_taps) -> tuple[list[dict], dict]:
     return rows, calibration
 
 
-def _cells_for_layer(schemes, has_rope):
+def _cells_for_layer(menu: Menu, has_rope: bool):
     for tensor in ("K", "V"):
-        yield tensor, [s for s in schemes if s.applies_to(tensor) and not s.is_identity
+        yield tensor, [s for s in menu.for_tensor(tensor) if s.applies_to(tensor) and not s.is_identity
                        and (has_rope or not s.pre_rope)]
 
 
 def profile_layer(model, session, layer, info, input_ids, baseline, layer_outputs, schemes_by_tensor,
-                  calibration, variants_per_pass=1, replay=True, on_cell=None) -> dict:
-    """All cells of one layer: end-to-end and local damage for each (tensor, scheme)."""
+                  calibration, variants_per_pass=1, replay=True, on_cell=None, head=None, seconds=None) -> dict:
+    """All cells of one layer: end-to-end and local damage for each (tensor, scheme).
+
+    With `head` (an OutputHead) the forward stops at the final hidden states and `baseline` compares them in
+    vocabulary chunks; without, the full logits are compared (--naive)."""
     rows, heads = [], []
     w = input_ids.shape[0]
     cal = {k: torch.tensor(v) for k, v in calibration.get(str(layer), {}).items()}
+    reference: dict = {}  # the layer's unquantized attention, computed once for every cell's local metrics
+    seconds = seconds if seconds is not None else {}
     for tensor, schemes in schemes_by_tensor:
         for start in range(0, len(schemes), variants_per_pass):
             chunk = schemes[start:start + variants_per_pass]
             pairs = [(s, None) if tensor == "K" else (None, s) for s in chunk]
-            tap = QuantTap(session, layer, pairs, w, cal)
+            tap = QuantTap(session, layer, pairs, w, cal, reference=reference)
             session.set_tap(layer, tap)
+            t0 = time.perf_counter()
             try:
                 ids = input_ids.repeat(len(chunk), 1)
                 ctx = replay_from(model, layer, layer_outputs, repeat=len(chunk)) if replay else contextlib.nullcontext()
                 with ctx:
-                    logits = model(input_ids=ids, use_cache=False).logits
+                    out = model(input_ids=ids, use_cache=False).logits if head is None else head.hidden(ids)
             finally:
                 session.clear_taps()
+            seconds["layers"] = seconds.get("layers", 0.0) + time.perf_counter() - t0
             for i, scheme in enumerate(chunk):
-                m = baseline.compare(logits[i * w:(i + 1) * w], input_ids)
+                m = baseline.compare(out[i * w:(i + 1) * w])
                 attn_kl, rel = tap.local[i]
                 rows.append({"layer": layer, "layer_kind": info.kind, "tensor": tensor, "scheme": scheme.name,
-                             "bits": bits_per_element(scheme, info.head_dim), **m,
-                             "attn_kl": float(attn_kl.mean()), "out_rel_l2": float(rel.mean())})
+                             "bits": bits_per_element(scheme, info.head_dim), "kl": m["kl"], "kl_std": m["kl_std"],
+                             "dnll": m["dnll"], "attn_kl": float(attn_kl.mean()), "out_rel_l2": float(rel.mean())})
                 for h in range(attn_kl.shape[0]):
                     heads.append({"layer": layer, "tensor": tensor, "scheme": scheme.name, "head": h,
                                   "attn_kl": float(attn_kl[h]), "out_rel_l2": float(rel[h])})
@@ -150,14 +150,30 @@ def profile_layer(model, session, layer, info, input_ids, baseline, layer_output
     return {"layer": layer, "rows": rows, "heads": heads}
 
 
+def peak_memory() -> dict:
+    """Peak resident memory of this process (and of CUDA allocations), GiB."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = {"peak_rss_gib": rss / (2**30 if sys.platform == "darwin" else 2**20)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["peak_cuda_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
 @torch.inference_mode()
-def run_profile(model, input_ids: torch.Tensor, schemes: list[QuantScheme], *, layers: list[int] | None = None,
-                out_dir: str | None = None, model_id: str = "model", text_name: str = "", text_digest: str = "",
-                seed: int = 0, variants_per_pass: int = 1, replay: bool = True, progress: bool = True,
+def run_profile(model, input_ids: torch.Tensor, schemes: Menu | list[QuantScheme], *,
+                layers: list[int] | None = None, out_dir: str | None = None, model_id: str = "model",
+                text_name: str = "", text_digest: str = "", seed: int = 0, variants_per_pass: int = 1,
+                replay: bool = True, kl: str = "exact", progress: bool = True,
                 extra_meta: dict | None = None) -> Profile:
     """Profile `layers` (default all) of `model` on the token windows `input_ids` [W, T].
 
-    With `out_dir`, results are written per layer and an interrupted run resumes where it stopped.
+    `schemes` is a Menu (per tensor) or a list used for both K and V. `kl`: exact (vocabulary chunks, the
+    default), sampled:K (opt-in approximation: top-K plus K tail samples per position) or materialized (full
+    [tokens, vocab] logits, as --naive). With `out_dir`, results are written per layer and an interrupted
+    run resumes where it stopped.
     """
     from tqdm.auto import tqdm
 
@@ -169,9 +185,11 @@ def run_profile(model, input_ids: torch.Tensor, schemes: list[QuantScheme], *, l
         raise SensprofError(f"layers {layers} out of range: the model has layers 0-{n_layers - 1}")
     if variants_per_pass < 1:
         raise SensprofError("--variants-per-pass must be at least 1")
+    menu = schemes if isinstance(schemes, Menu) else Menu(tuple(schemes), tuple(schemes))
+    sample = parse_kl(kl)
     input_ids = input_ids.to(_input_device(model))
-    settings = profile_settings(model, input_ids, schemes, text_digest=text_digest, seed=seed,
-                                variants_per_pass=variants_per_pass)
+    settings = profile_settings(model, input_ids, menu, text_digest=text_digest, seed=seed,
+                                variants_per_pass=variants_per_pass, kl=kl)
     parts: dict[int, dict] = {}
     prior_time = 0.0
     if out_dir:
@@ -185,9 +203,12 @@ def run_profile(model, input_ids: torch.Tensor, schemes: list[QuantScheme], *, l
     if out_dir and not todo and all(os.path.exists(os.path.join(out_dir, f)) for f in (META, STATS, CALIBRATION)):
         return load_profile(out_dir)  # nothing left to do: the same command after completion just reads
     with attention_taps(model) as session:
-        logits, layer_outputs, stats_taps = _baseline_pass(model, session, input_ids, n_layers)
-        baseline = Baseline(logits, input_ids)
-        del logits
+        head = output_head(model, input_ids, kl)
+        final, layer_outputs, stats_taps = _baseline_pass(model, session, input_ids, n_layers, head)
+        baseline = (MaterializedBaseline(final, input_ids) if head is None
+                    else Baseline(head, final, input_ids, sample=sample, seed=seed))
+        del final
+        seconds: dict = {}
         stats_rows, calibration = _stats_rows(infos, stats_taps)
         has_rope = {i: session.rope.get(i) is not None for i in range(n_layers)}
         meta = {
@@ -198,9 +219,10 @@ def run_profile(model, input_ids: torch.Tensor, schemes: list[QuantScheme], *, l
             "schemes": {s.name: {"description": s.description, "revision": scheme_revision(s.name),
                                  "bits_per_element": {str(hd): bits_per_element(s, hd)
                                                       for hd in sorted({i.head_dim for i in infos})}}
-                        for s in schemes},
+                        for s in menu.schemes},
             "text": text_name, "token_count": int(input_ids.numel()), "seed": seed,
-            "versions": _versions(), "replay": replay, **(extra_meta or {}),
+            "versions": _versions(), "replay": replay, "kl_compared": "materialized" if head is None else kl,
+            **(extra_meta or {}),
         }
         if out_dir:
             write_json(os.path.join(out_dir, CALIBRATION), calibration)
@@ -210,19 +232,22 @@ def run_profile(model, input_ids: torch.Tensor, schemes: list[QuantScheme], *, l
             meta["layers_done"] = sorted(parts)
             meta["complete"] = len(parts) == n_layers
             meta["wall_time_s"] = prior_time + run_time
+            meta["cost_s"] = {**{k: round(v, 3) for k, v in seconds.items()},
+                              **{k: round(v, 3) for k, v in baseline.seconds.items()}}
+            meta["memory"] = {k: round(v, 3) for k, v in peak_memory().items()}
             if out_dir:
                 write_json(os.path.join(out_dir, META), meta)
 
         save_meta(time.time() - t0)
-        n_cells = sum(len(s) for i in todo for _, s in _cells_for_layer(schemes, has_rope[i]))
+        n_cells = sum(len(s) for i in todo for _, s in _cells_for_layer(menu, has_rope[i]))
         bar = tqdm(total=n_cells, unit="cell", desc="profiling", disable=not progress, dynamic_ncols=True)
         try:
             for layer in todo:
                 lt = time.time()
                 bar.set_postfix_str(f"layer {layer}")
                 part = profile_layer(model, session, layer, infos[layer], input_ids, baseline, layer_outputs,
-                                     list(_cells_for_layer(schemes, has_rope[layer])), calibration,
-                                     variants_per_pass, replay, on_cell=bar.update)
+                                     list(_cells_for_layer(menu, has_rope[layer])), calibration,
+                                     variants_per_pass, replay, on_cell=bar.update, head=head, seconds=seconds)
                 part["wall_time_s"] = time.time() - lt
                 parts[layer] = part
                 if out_dir:

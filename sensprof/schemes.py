@@ -160,7 +160,14 @@ def _register_engine_schemes() -> None:
 
 _register_engine_schemes()
 
-# A small set that shows the main trade-offs in a few minutes on a CPU.
+# The default menus, per tensor: keys per channel (outlier channels share a scale only along tokens), values
+# per token, 2 to 8 bits in small steps; the lowest-bit keys also with 4 sink tokens and a 32-token residual window
+# (a short one: a profile's few hundred tokens would make a long window look cheaper than it is at length).
+DEFAULT_K_SCHEMES = tuple(
+    [f"int{b}_c{g}" for b in (2, 3, 4, 5, 6, 8) for g in (32, 128)]
+    + ["fp8_e4m3_cal", "int2_c32_s4", "int3_c32_s4", "int2_c32_r32_s4", "int3_c32_r32_s4"])
+DEFAULT_V_SCHEMES = tuple([f"int{b}_t{g}" for b in (2, 3, 4, 5, 6, 8) for g in (32, 64)] + ["fp8_e4m3"])
+# The old small menu, profiled on K and V alike; kept for `--schemes legacy`-style comparisons in benchmarks.
 DEFAULT_SCHEMES = (
     "fp8_e4m3",
     "int8_per_token_head",
@@ -224,3 +231,54 @@ def parse_schemes(names) -> list[QuantScheme]:
     if not out:
         raise SensprofError("no schemes given; pass --schemes with one or more of: " + ", ".join(scheme_names()))
     return out
+
+
+@dataclass(frozen=True)
+class Menu:
+    """The candidate schemes of each tensor: what the profiler measures and the planner chooses among."""
+
+    k: tuple[QuantScheme, ...]
+    v: tuple[QuantScheme, ...]
+
+    def for_tensor(self, tensor: str) -> tuple[QuantScheme, ...]:
+        return self.k if tensor == "K" else self.v
+
+    @property
+    def schemes(self) -> list[QuantScheme]:
+        """Every scheme once (K's first), for metadata."""
+        return list({s.name: s for s in (*self.k, *self.v)}.values())
+
+
+def parse_menu(schemes=None, k_schemes=None, v_schemes=None) -> Menu:
+    """--schemes (both tensors), --k-schemes and --v-schemes; a missing tensor gets its default menu.
+
+    Refuses a key list entry that is not a key layout and a value entry that is a key-only layout."""
+    both = parse_schemes(schemes) if schemes else []
+    k = _merge(both, parse_schemes(k_schemes) if k_schemes else [])
+    v = _merge(both, parse_schemes(v_schemes) if v_schemes else [])
+    if not schemes and not k_schemes:
+        k = parse_schemes(DEFAULT_K_SCHEMES)
+    if not schemes and not v_schemes:
+        v = parse_schemes(DEFAULT_V_SCHEMES)
+    for s in (parse_schemes(k_schemes) if k_schemes else []):
+        if not s.applies_to("K"):
+            raise SensprofError(f"--k-schemes entry {s.name!r} is a value-only format; move it to --v-schemes")
+        if _VALUE_LAYOUT.match(s.name):
+            raise SensprofError(f"--k-schemes entry {s.name!r} is a value layout (per token over channel groups, "
+                                "which outlier key channels ruin); use a key layout such as int4_c32, or --schemes")
+    for s in (parse_schemes(v_schemes) if v_schemes else []):
+        if not s.applies_to("V"):
+            why = "quantizes before RoPE, which only keys have" if s.pre_rope else "is a key-only format"
+            raise SensprofError(f"--v-schemes entry {s.name!r} {why}; move it to --k-schemes")
+    k = [s for s in k if s.applies_to("K")]
+    v = [s for s in v if s.applies_to("V")]
+    if not k and not v:
+        raise SensprofError("the menu is empty: no scheme applies to K or V; see `sensprof schemes`")
+    return Menu(tuple(k), tuple(v))
+
+
+_VALUE_LAYOUT = re.compile(r"^int\d_t\d+")
+
+
+def _merge(a: list[QuantScheme], b: list[QuantScheme]) -> list[QuantScheme]:
+    return list({s.name: s for s in (*a, *b)}.values())

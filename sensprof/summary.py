@@ -10,11 +10,35 @@ def _fmt(x: float) -> str:
 
 
 def reference_scheme(table) -> str | None:
-    both = [s for s in table.scheme.unique() if set(table[table.scheme == s].tensor) >= {"K", "V"}]
-    for s in REFERENCE_SCHEMES:
-        if s in both:
-            return s
-    return both[0] if both else None
+    """A scheme profiled for K and V, else a key and a value scheme of equal bits ('K / V'); None if neither."""
+    from .errors import SensprofError
+    from .report.data import pick_reference_scheme
+
+    try:
+        return pick_reference_scheme(table)
+    except SensprofError:
+        return None
+
+
+def length_table(profile) -> str:
+    """Damage vs context length: each scheme's KL summed over layers (a uniform configuration's prediction)."""
+    from .table import length_profiles
+
+    by_len = length_profiles(profile)
+    if len(by_len) < 2:
+        return ""
+    lens = list(by_len)
+    lines = ["", "damage vs context length: KL summed over layers, per tensor and scheme (the planner uses the "
+             f"longest, {lens[-1]})", f"{'tensor':<7}{'scheme':<22}" + "".join(f"{n:>12}" for n in lens)]
+    last = by_len[lens[-1]].table
+    for (tensor, scheme), _ in last.groupby(["tensor", "scheme"], sort=False):
+        vals = []
+        for n in lens:
+            t = by_len[n].table
+            sel = t[(t.tensor == tensor) & (t.scheme == scheme)]
+            vals.append(_fmt(sel.kl.sum()) if len(sel) else "-")
+        lines.append(f"{tensor:<7}{scheme:<22}" + "".join(f"{v:>12}" for v in vals))
+    return "\n".join(lines)
 
 
 def summarize(profile, max_layers: int = 64) -> str:
@@ -45,7 +69,10 @@ def summarize(profile, max_layers: int = 64) -> str:
                      f"{_fmt(vmean) if len(v) else '-':>12}{ratio}  {top_k} | {top_v}")
     ref = reference_scheme(t)
     if ref is not None:
-        r = t[t.scheme == ref]
+        from .report.data import split_reference
+
+        ks, vs = split_reference(ref)
+        r = t[((t.tensor == "K") & (t.scheme == ks)) | ((t.tensor == "V") & (t.scheme == vs))]
         stats = profile.stats
         lines += ["", f"per layer at {ref}: KL of K, KL of V, and key channel outlier ratio (max/median) post/pre RoPE",
                   f"{'layer':>5} {'kind':<8}{'KL K':>10}{'KL V':>10}{'K/V':>7}{'out K':>8}{'out Kpre':>9}"]
@@ -60,4 +87,4 @@ def summarize(profile, max_layers: int = 64) -> str:
                          f"{(kk / vv if vv > 0 else float('nan')):>7.2f}"
                          f"{(float(ok.iloc[0]) if len(ok) else float('nan')):>8.1f}"
                          f"{(float(op.iloc[0]) if len(op) else float('nan')):>9.1f}")
-    return "\n".join(lines)
+    return "\n".join(lines) + length_table(profile)

@@ -16,11 +16,12 @@ from .errors import SensprofError
 FORMAT_VERSION = 1
 KIND = "sensprof-profile"
 META, CALIBRATION, PARTS = "meta.json", "calibration.json", "parts"
+LENGTHS = "lengths"  # a profile of several --seq-len: the longest in the directory, each other in lengths/<L>/
 TABLE, HEADS, STATS = "profile.csv", "heads.csv", "stats.csv"
 TABLE_COLUMNS = ["layer", "layer_kind", "tensor", "scheme", "bits", "kl", "kl_std", "dnll", "attn_kl", "out_rel_l2"]
 HEAD_COLUMNS = ["layer", "tensor", "scheme", "head", "attn_kl", "out_rel_l2"]
 STATS_COLUMNS = ["layer", "layer_kind", "tensor", "outlier_ratio", "outlier_ratio_max", "kurtosis", "absmax"]
-OWN_FILES = {META, CALIBRATION, PARTS, TABLE, HEADS, STATS}
+OWN_FILES = {META, CALIBRATION, PARTS, TABLE, HEADS, STATS, LENGTHS}
 
 
 def atomic_write_text(path: str, text: str) -> None:
@@ -176,6 +177,28 @@ def load_profile(out_dir: str, require_complete: bool = False) -> Profile:
         raise SensprofError(f"profile {out_dir!r} has an unexpected table layout; re-run `sensprof profile`")
     calibration = read_json(os.path.join(out_dir, CALIBRATION), "calibration")
     return Profile(table, heads, stats, meta, calibration, out_dir)
+
+
+def default_out_dir(model: str) -> str:
+    """profiles/<model name>, the name cleaned for a directory."""
+    import re
+
+    name = os.path.basename(model.rstrip("/")) if os.path.exists(model) else model
+    return os.path.join("profiles", re.sub(r"[^A-Za-z0-9._-]+", "_", name.removesuffix(".gguf")))
+
+
+def length_dir(out_dir: str, seq_len: int) -> str:
+    return os.path.join(out_dir, LENGTHS, str(seq_len))
+
+
+def length_profiles(profile: Profile) -> dict[int, Profile]:
+    """seq_len -> profile, for a profile written with several --seq-len (just itself otherwise)."""
+    own = int(profile.meta["settings"]["seq_len"])
+    out = {own: profile}
+    for n in profile.meta.get("lengths") or []:
+        if int(n) != own and profile.path and os.path.isdir(length_dir(profile.path, int(n))):
+            out[int(n)] = load_profile(length_dir(profile.path, int(n)))
+    return dict(sorted(out.items()))
 
 
 def merge_profiles(dirs: list[str], out_dir: str) -> dict:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from .hooks import apply_rope, undo_rope
-from .metrics import MomentStats, attention_kl, relative_l2
+from .hooks import apply_rope, blocked_eager, query_blocks, undo_rope
+from .metrics import MomentStats, attention_kl_sum, squared_errors
 from .quant import fake_quant, quantize_query
 from .schemes import QuantScheme
 
@@ -39,27 +39,31 @@ def quantized_reads(scheme: QuantScheme | None, n: int, device=None) -> torch.Te
     return torch.arange(n, device=device)[None, :] < fp_from[:, None]
 
 
-def attention_over_parts(eager, module, query, parts, mask, kwargs):
+def attention_over_parts(eager, module, query, parts, mask, kwargs, rows: slice | None = None,
+                         weights: bool = True):
     """Attention where each (query t, position j) reads one of several (K, V) versions.
 
     `parts` is a list of (key, value, reads [n, n] bool) whose `reads` partition the positions.
     Runs the model's own eager attention once over the concatenated versions with a mask that lets
     each query see each position exactly once; the blocks of the weights are then summed back.
+    `rows`: the positions of `query` (and of `mask`'s rows) when it is a block of the queries (default: the last).
+    `weights=False`: the caller does not read the attention weights (None is returned; summing them back is not free).
     """
     n = parts[0][0].shape[-2]
     tq = query.shape[-2]
+    rows = rows if rows is not None else slice(n - tq, n)
     neg = torch.finfo(query.dtype).min
     if mask is None:
-        mask = torch.full((n, n), neg, dtype=query.dtype, device=query.device).triu(1)[None, None]
+        mask = torch.full((n, n), neg, dtype=query.dtype, device=query.device).triu(1)[None, None][..., rows, :]
     mask = mask[..., -tq:, :n]
     blocked = torch.full_like(mask, neg)
     keys = torch.cat([k for k, _, _ in parts], dim=-2)
     values = torch.cat([v for _, v, _ in parts], dim=-2)
-    masks = torch.cat([torch.where(reads[-tq:], mask, blocked) for _, _, reads in parts], dim=-1)
+    masks = torch.cat([torch.where(reads[rows], mask, blocked) for _, _, reads in parts], dim=-1)
     out, w = eager(module, query, keys, values, masks, **kwargs)
-    if w is not None:
-        w = sum(w[..., i * n:(i + 1) * n] for i in range(len(parts)))
-    return out, w
+    if w is not None and weights:
+        return out, sum(w[..., i * n:(i + 1) * n] for i in range(len(parts)))
+    return out, None
 
 
 def mixed_attention(eager, module, query, k_q, v_q, key, value, mask, fp_from, kwargs):
@@ -69,8 +73,10 @@ def mixed_attention(eager, module, query, k_q, v_q, key, value, mask, fp_from, k
     return attention_over_parts(eager, module, query, [(k_q, v_q, use_q), (key, value, ~use_q)], mask, kwargs)
 
 
-def quantized_attention(eager, module, query, key, value, k_q, v_q, k_scheme, v_scheme, mask, kwargs):
-    """Attention as a streaming cache holding K per `k_scheme` and V per `v_scheme` computes it."""
+def quantized_attention(eager, module, query, key, value, k_q, v_q, k_scheme, v_scheme, mask, kwargs,
+                        rows: slice | None = None, weights: bool = True):
+    """Attention as a streaming cache holding K per `k_scheme` and V per `v_scheme` computes it (for the queries at
+    positions `rows`, default all)."""
     n = key.shape[-2]
     rk = quantized_reads(k_scheme, n, key.device)
     rv = quantized_reads(v_scheme, n, key.device)
@@ -80,8 +86,9 @@ def quantized_attention(eager, module, query, key, value, k_q, v_q, k_scheme, v_
     rk = ones if rk is None else rk
     rv = ones if rv is None else rv
     parts = [(k_q, v_q, rk & rv), (k_q, value, rk & ~rv), (key, v_q, ~rk & rv), (key, value, ~rk & ~rv)]
-    parts = [p for p in parts if bool(p[2].any())]
-    return attention_over_parts(eager, module, query, parts, mask, kwargs)
+    sel = rows if rows is not None else slice(n - query.shape[-2], n)
+    parts = [p for p in parts if bool(p[2][sel].any())]
+    return attention_over_parts(eager, module, query, parts, mask, kwargs, rows, weights)
 
 
 class StatsTap:
@@ -97,7 +104,7 @@ class StatsTap:
         rope = self.session.rope.get(self.layer)
         if rope is not None:
             self.stats.setdefault("K_pre", MomentStats()).update(undo_rope(key, *rope))
-        return eager(module, query, key, value, mask, **kwargs)
+        return blocked_eager(eager, module, query, key, value, mask, **kwargs)
 
 
 class QuantTap:
@@ -107,8 +114,11 @@ class QuantTap:
     """
 
     def __init__(self, session, layer: int, pairs: list[tuple[QuantScheme | None, QuantScheme | None]],
-                 chunk: int, calibration: dict | None = None, local: bool = True):
+                 chunk: int, calibration: dict | None = None, local: bool = True, reference: dict | None = None):
         self.session, self.layer, self.want_local = session, layer, local
+        # The unquantized attention of this layer's input, shared by every cell of a layer (the input is the
+        # baseline's whatever is quantized here), so local metrics cost one extra attention per layer, not per cell.
+        self.reference = reference if reference is not None else {}
         self.pairs, self.chunk = pairs, chunk
         self.calibration = calibration or {}
         self.local: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -139,11 +149,29 @@ class QuantTap:
             m = mask[sl] if mask is not None and mask.shape[0] > 1 else mask
             r = None if rope is None else tuple(t[sl] if t.shape[0] > 1 else t for t in rope)
             k_q, v_q = self.quantize_key(k_scheme, k, r), self.quantize_value(v_scheme, v)
-            out_q, w_q = quantized_attention(eager, module, quantize_query(k_scheme, q), k, v, k_q, v_q,
-                                             k_scheme, v_scheme, m, kwargs)
+            qq = quantize_query(k_scheme, q)
+            blocks = query_blocks(q.shape[-2], m)
+            offset = k.shape[-2] - q.shape[-2]  # the queries are the last positions (one, when decoding)
+            kl_sum = err = ref = 0.0
+            parts = []
+            for b in blocks:  # one block unless the window is long: then no [T, T] weights are held for all queries
+                mb = None if m is None else m[..., b, :]
+                rows = slice(offset + b.start, offset + b.stop)
+                out_q, w_q = quantized_attention(eager, module, qq[..., b, :], k, v, k_q, v_q, k_scheme, v_scheme,
+                                                 mb, kwargs, rows=rows, weights=self.want_local)
+                if self.want_local:
+                    if len(blocks) > 1:
+                        out_b, w_b = eager(module, q[..., b, :], k, v, mb, **kwargs)
+                    else:
+                        if "out" not in self.reference:
+                            self.reference["out"], self.reference["weights"] = eager(module, q, k, v, m, **kwargs)
+                        out_b, w_b = self.reference["out"], self.reference["weights"]
+                    num, den = squared_errors(out_b, out_q)
+                    kl_sum, err, ref = kl_sum + attention_kl_sum(w_b, w_q), err + num, ref + den
+                parts.append((out_q, w_q))
             if self.want_local:
-                out_b, w_b = eager(module, q, k, v, m, **kwargs)
-                self.local.append((attention_kl(w_b, w_q).cpu(), relative_l2(out_b, out_q).cpu()))
-            outs.append(out_q)
-            weights.append(w_q)
-        return torch.cat(outs), torch.cat(weights)
+                n_rows = q.shape[0] * q.shape[-2]
+                self.local.append(((kl_sum / n_rows).cpu(), (err.sqrt() / ref.sqrt().clamp_min(1e-300)).cpu()))
+            outs.append(torch.cat([o for o, _ in parts], dim=1))
+            weights.append(parts[0][1] if len(parts) == 1 else None)
+        return torch.cat(outs), (None if any(w is None for w in weights) else torch.cat(weights))

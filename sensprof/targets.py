@@ -132,3 +132,22 @@ def engine_dtype_for(target: Target, k_scheme: str, v_scheme: str | None = None)
         if d.k_scheme == k_scheme and d.v_scheme == (v_scheme or k_scheme):
             return d
     return None
+
+
+def profile_menu(schemes: str | None, target: str | None, vllm_gpu: str | None, head_dims=None,
+                 k_schemes: str | None = None, v_schemes: str | None = None):
+    """The profile's menu: --schemes (both tensors), --k-schemes, --v-schemes, and what --target needs (both
+    tensors, each scheme where it applies); the default K and V menus where none of these name a tensor's."""
+    from .schemes import parse_menu
+
+    both = [schemes] if schemes else []
+    if target is not None and target != "sensprof":
+        both += get_target(target, vllm_gpu, head_dims=head_dims).schemes_needed()
+    elif vllm_gpu is not None:
+        raise SensprofError("--vllm-gpu needs --target vllm")
+    menu = parse_menu(",".join(both) or None, k_schemes, v_schemes)
+    if target == "sensprof" and (schemes or k_schemes or v_schemes):
+        default = parse_menu()
+        menu = type(menu)(tuple({s.name: s for s in (*default.k, *menu.k)}.values()),
+                          tuple({s.name: s for s in (*default.v, *menu.v)}.values()))
+    return menu

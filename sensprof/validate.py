@@ -10,7 +10,7 @@ import torch
 from .errors import SensprofError
 from .hooks import attention_taps
 from .plan import LayerPlan, Plan, predicted_summary
-from .profile import Baseline
+from .outputs import Baseline, MaterializedBaseline, output_head
 from .schemes import get_scheme
 from .taps import QuantTap
 from .targets import get_target
@@ -112,7 +112,10 @@ def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]],
     results = {}
     input_ids = input_ids.to(model.get_input_embeddings().weight.device)
     with attention_taps(model) as session:
-        baseline = Baseline(model(input_ids=input_ids, use_cache=False).logits, input_ids)
+        head = output_head(model, input_ids)
+        forward = (lambda ids: model(input_ids=ids, use_cache=False).logits) if head is None else head.hidden
+        baseline = MaterializedBaseline(forward(input_ids), input_ids) if head is None else Baseline(
+            head, forward(input_ids), input_ids)
         for name, layers in configs.items():
             if len(layers) != n:
                 raise SensprofError(f"configuration {name!r} has {len(layers)} layers, the model {n}")
@@ -122,10 +125,10 @@ def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]],
                 cal = {k: torch.tensor(v) for k, v in (p.absmax or {}).items()}
                 session.set_tap(p.layer, QuantTap(session, p.layer, [pair], input_ids.shape[0], cal, local=False))
             try:
-                logits = model(input_ids=input_ids, use_cache=False).logits
+                out = forward(input_ids)
             finally:
                 session.clear_taps()
-            m = baseline.compare(logits, input_ids)
+            m = baseline.compare(out)
             m["dppl"] = math.exp(baseline.mean_nll + m["dnll"]) - math.exp(baseline.mean_nll)
             m["base_ppl"] = math.exp(baseline.mean_nll)
             results[name] = m

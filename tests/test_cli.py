@@ -20,7 +20,8 @@ import torch
 from conftest import make_tiny_model
 
 import sensprof.models as sm
-from sensprof.cli import default_out_dir, main
+from sensprof.cli import main
+from sensprof.table import default_out_dir
 
 # A profile of the tiny model in well under a second: 3 layers x K/V x 1 scheme, 2 windows of 32 tokens.
 FAST = ["--device", "cpu", "--seq-len", "32", "--windows", "2", "--schemes", "fp8_e4m3", "--quiet"]
@@ -253,7 +254,7 @@ def test_seq_len_beyond_max_positions(capsys, tiny_model_dir, tmp_path):
     msg = cli_error(capsys, "profile", "--model", tiny_model_dir, "--device", "cpu", "--seq-len", "513",
                     "--schemes", "fp8_e4m3", "--quiet", "--out", tmp_path / "out")
     assert "--seq-len 513 is beyond the model's 512 positions" in msg
-    assert "--seq-len <= 512" in msg
+    assert "lengths <= 512" in msg
 
 
 @pytest.mark.parametrize("seq_len", ["1", "0", "-4"])
@@ -277,6 +278,11 @@ def test_layers_malformed(capsys, tiny_model_dir, tmp_path, spec):
     assert "e.g. 0-11" in msg
 
 
+def test_seq_len_list_must_be_numbers(capsys):
+    rc, out, err = run_cli(capsys, "profile", "--seq-len", "256,abc")
+    assert "--seq-len '256,abc' is not a number or a comma-separated list" in assert_one_error_line(rc, out, err)
+
+
 @pytest.mark.parametrize("flag", ["--windows", "--variants-per-pass"])
 def test_counts_must_be_positive(capsys, tiny_model_dir, flag):
     msg = cli_error(capsys, "profile", "--model", tiny_model_dir, "--device", "cpu", flag, "0")
@@ -286,7 +292,7 @@ def test_counts_must_be_positive(capsys, tiny_model_dir, flag):
 @pytest.mark.parametrize("argv,expect", [
     (["profile", "--bogus"], "unrecognized arguments: --bogus"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
-    (["profile", "--seq-len", "abc"], "argument --seq-len: invalid int value: 'abc'"),
+    (["validate", "p.json", "--windows", "abc"], "argument --windows: invalid int value: 'abc'"),
     (["merge", "somedir"], "the following arguments are required: --out"),
 ])
 def test_argument_errors_are_one_line(capsys, argv, expect):

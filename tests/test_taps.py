@@ -178,3 +178,29 @@ def test_mixed_attention_all_full_precision_equals_plain_attention(llama_attn):
     ref, ref_w = eager(llama_attn, q, k, v, _mask(n), scaling=llama_attn.scaling, dropout=0.0)
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(w, ref_w, rtol=1e-6, atol=1e-7)
+
+
+def test_decode_step_reads_as_the_last_position():
+    """One query over a cache of n keys (a decode step) is the last row of the full prefill's attention."""
+    import torch
+
+    from sensprof.hooks import attention_taps
+    from sensprof.schemes import get_scheme
+    from sensprof.taps import QuantTap
+    from conftest import make_tiny_model
+
+    model = make_tiny_model("llama")
+    ids = torch.randint(3, 200, (1, 48), generator=torch.Generator().manual_seed(0))
+    pair = (get_scheme("int4_c32"), get_scheme("int4_t32"))
+    with attention_taps(model) as sess, torch.inference_mode():
+        for i in range(3):
+            sess.set_tap(i, QuantTap(sess, i, [pair], 1, local=False))
+        full = model(ids, use_cache=False).logits[:, -1]
+        from transformers import DynamicCache
+
+        from sensprof.runtime.generate import cache_kwarg
+
+        cache = {cache_kwarg(model): DynamicCache(config=model.config)}
+        model(ids[:, :-1], use_cache=True, **cache)
+        step = model(ids[:, -1:], use_cache=True, **cache).logits[:, -1]
+    assert torch.allclose(step, full, atol=1e-4), float((step - full).abs().max())

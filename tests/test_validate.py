@@ -73,7 +73,7 @@ def test_quantized_configs_measure_positive_and_in_order(llama):
     assert res["int2"]["kl"] > res["int2 V on layer 0"]["kl"] > 0
     for m in res.values():
         assert set(m) >= {"kl", "kl_std", "dnll", "dppl", "base_ppl"}
-        assert all(math.isfinite(v) for v in m.values())
+        assert all(math.isfinite(v) for k, v in m.items() if k != "kl_per_window")
         assert m["dppl"] == pytest.approx(m["base_ppl"] * (math.exp(m["dnll"]) - 1), rel=1e-6, abs=1e-9)
 
 
@@ -141,8 +141,13 @@ def test_validate_cli_writes_the_table(cli_run, capsys):
     assert f"wrote {csv}" in out
     df = pd.read_csv(csv)
     assert list(df.columns) == ["config", "avg_bits", "bytes_per_token", "vs_bf16", "memory_vs_plan", "predicted_kl",
-                                "measured_kl", "kl_std", "dnll", "dppl", "measured_over_predicted"]
+                                "measured_kl", "kl_std", "dnll", "dppl", "measured_over_predicted", "seq_len"]
     plan = load_plan(cli_run.plan)
+    own = plan.profile["settings"]["seq_len"]
+    assert sorted(set(df.seq_len)) == [own, 4 * own]  # the profile's length and 4x it, by default
+    assert f"unseen windows of {4 * own} tokens" in out
+    assert len(df[df.seq_len == own]) == len(df[df.seq_len == 4 * own])
+    df = df[df.seq_len == own]
     row = df[df.config == "plan"].iloc[0]
     assert row.memory_vs_plan == "plan"
     assert row.avg_bits == pytest.approx(plan.predicted["avg_bits"])
@@ -316,3 +321,27 @@ def test_sweep_writes_the_frontier_and_validates_each_plan(cli_run, capsys, tmp_
 def test_sweep_refuses_a_malformed_budget_list(cli_run, capsys):
     line = one_error_line(*run_cli(capsys, "sweep", cli_run.profile, "--avg-bits", "4,lots"))
     assert "--avg-bits" in line and "comma-separated" in line
+
+
+def test_advantage_that_vanishes_at_length_is_flagged():
+    from sensprof.commands import advantage_note
+
+    def table(plan_kl_short, plan_kl_long):
+        rows = []
+        for n, plan_kl in ((256, plan_kl_short), (1024, plan_kl_long)):
+            rows += [{"seq_len": n, "config": "plan", "memory_vs_plan": "plan", "measured_kl": plan_kl},
+                     {"seq_len": n, "config": "uniform A", "memory_vs_plan": ">=", "measured_kl": 1.0},
+                     {"seq_len": n, "config": "uniform B", "memory_vs_plan": "<", "measured_kl": 0.1}]
+        return pd.DataFrame(rows)
+
+    note = advantage_note(table(0.5, 1.2))
+    assert note.startswith("warning:") and "1024 tokens" in note and "uniform A" in note and "1.20x" in note
+    assert advantage_note(table(0.5, 0.9)) is None  # still ahead at the longer length
+    assert advantage_note(table(1.5, 1.2)) is None  # never ahead: nothing vanished
+
+
+def test_validate_bad_seq_len(cli_run, capsys):
+    rc, out, err = run_cli(capsys, "validate", cli_run.plan, "--seq-len", "100000")
+    assert "beyond the model's 512 positions" in one_error_line(rc, out, err)
+    rc, out, err = run_cli(capsys, "validate", cli_run.plan, "--seq-len", "64,x")
+    assert "--seq-len '64,x' is not a number" in one_error_line(rc, out, err)

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from conftest import one_error_line, run_cli
-from sensprof.cli import main, profile_scheme_names
+from sensprof.cli import main
+from sensprof.targets import profile_menu
 from sensprof.plan import load_plan
 from sensprof.schemes import get_scheme
 from sensprof.targets import get_target
@@ -45,12 +46,19 @@ def test_the_fp8_query_cast_is_measured(vllm_run):
     assert sum(t[(i, "fp8_e4m3_qfp8")] for i in range(3)) > sum(t[(i, "fp8_e4m3")] for i in range(3))
 
 
+def _names(menu, tensor=None):
+    return {s.name for s in (menu.schemes if tensor is None else menu.for_tensor(tensor))}
+
+
 def test_scheme_names_for_each_target_and_gpu():
-    assert "turboquant_k8v4_e4b15.K" in profile_scheme_names(None, "vllm", "ampere", {64})
-    assert "fp8_per_token_head" not in profile_scheme_names(None, "vllm", "ampere", {64})
-    assert "turboquant_k8v4.K" in profile_scheme_names(None, "vllm", "hopper", {64})
-    assert set(profile_scheme_names("int4_c32", "llamacpp", None)) >= {"int4_c32", "q8_0", "q4_0"}
-    assert profile_scheme_names(None, "sensprof", None) == profile_scheme_names(None, None, None)
+    assert "turboquant_k8v4_e4b15.K" in _names(profile_menu(None, "vllm", "ampere", {64}), "K")
+    assert "turboquant_k8v4_e4b15.K" not in _names(profile_menu(None, "vllm", "ampere", {64}), "V")
+    assert "fp8_per_token_head" not in _names(profile_menu(None, "vllm", "ampere", {64}))
+    assert "turboquant_k8v4.K" in _names(profile_menu(None, "vllm", "hopper", {64}))
+    assert _names(profile_menu("int4_c32", "llamacpp", None)) >= {"int4_c32", "q8_0", "q4_0"}
+    assert profile_menu(None, "sensprof", None) == profile_menu(None, None, None)
+    with_k = profile_menu(None, "sensprof", None, k_schemes="int4_c64")  # the default menus and the extra key
+    assert _names(with_k, "K") == _names(profile_menu(None, None, None), "K") | {"int4_c64"}
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -118,6 +118,11 @@ def _sweep_section(sweeps, profile, uniform_measured) -> Section:
             label += f" ({os.path.basename(os.path.normpath(path))})"
         labels.append((label, df))
     uniform = data.uniform_configs(t, meta)
+    if uniform_measured is not None and len(uniform_measured):  # a validated sweep's every-pair configurations
+        extra = uniform_measured[~uniform_measured.config.isin(uniform.config)]
+        if "avg_bits" in extra.columns and len(extra):
+            uniform = pd.concat([uniform, extra[["config", "avg_bits"]].assign(
+                predicted_kl=extra.get("predicted_kl", float("nan")))], ignore_index=True)
     fig = plots.frontier(labels, uniform, uniform_measured, meta["model"]["id"])
     measured = any(df.measured_kl.notna().any() for _, df in labels)
     tables = [Table(f"sweep {label}", _round(df.drop(columns=["target"]))) for label, df in labels]
@@ -198,6 +203,17 @@ def write_report(profile_dir: str, out_dir: str, plans=(), sweeps=(), metric: st
     _check_out_dir(out_dir)
 
     sections = _profile_sections(profile, metric, reference)
+    by_length = data.damage_by_length(profile)
+    if len(by_length):
+        sections.append(Section(
+            "Damage vs context length", (
+                "Each scheme's KL summed over layers (what the profile predicts for that scheme in every layer) at "
+                "each profiled length; the planner uses the longest. Per-channel groups, residual windows and "
+                "sinks hold a different share of the tokens in full precision at each length, so a scheme that "
+                "looks cheap at a short length can cost more at a long one."),
+            "damage_by_length.png", plots.png_bytes(plots.damage_by_length(by_length, profile.meta["model"]["id"])),
+            [Table("KL summed over layers", _round(by_length.pivot_table(
+                index=["tensor", "scheme"], columns="seq_len", values="kl_sum").reset_index()), collapsed=True)]))
     if loaded_sweeps:
         import pandas as pd
 
@@ -205,6 +221,7 @@ def write_report(profile_dir: str, out_dir: str, plans=(), sweeps=(), metric: st
         for df, vpath in damages:
             if vpath is not None:
                 um.append(df[df.config.isin(set(data.uniform_pairs(profile.table)))])
+        um += [u for u in (data.sweep_uniform(p) for p, _ in loaded_sweeps) if u is not None]
         uniform_measured = pd.concat(um).drop_duplicates("config").reset_index(drop=True) if um else None
         sections.append(_sweep_section(loaded_sweeps, profile, uniform_measured))
     taken: set[str] = set()

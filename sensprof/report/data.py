@@ -60,9 +60,23 @@ def common_schemes(table) -> list[str]:
     return [s for s in scheme_order(table) if set(table[table.scheme == s].tensor) >= {"K", "V"}]
 
 
+def split_reference(reference: str) -> tuple[str, str]:
+    """'int4_c32 / int4_t32' -> (K scheme, V scheme); one name -> that scheme for both."""
+    k, _, v = reference.partition("/")
+    return k.strip(), (v or k).strip()
+
+
 def pick_reference_scheme(table, scheme: str | None = None) -> str:
-    """The scheme the K-vs-V figure compares at: the given one (checked), else a common default."""
+    """The scheme the K-vs-V figure compares at: the given one (checked), else a common default, else (per-tensor
+    menus) a key layout and a value layout of equal bits, written 'K / V'."""
     both = common_schemes(table)
+    if scheme is not None and "/" in scheme:
+        k, v = split_reference(scheme)
+        for tensor, name in (("K", k), ("V", v)):
+            if name not in set(table[table.tensor == tensor].scheme):
+                raise SensprofError(f"--reference-scheme {scheme!r}: {name!r} was not profiled for {tensor}; pass "
+                                    "schemes the profile holds")
+        return f"{k} / {v}"
     if scheme is not None:
         if scheme not in both:
             where = "was profiled for K only" if scheme in set(table.scheme) else "is not in the profile"
@@ -73,8 +87,15 @@ def pick_reference_scheme(table, scheme: str | None = None) -> str:
         if s in both:
             return s
     if not both:
-        raise SensprofError("the profile has no scheme measured for both K and V, so K and V cannot be compared; "
-                            "re-profile with a scheme that applies to both (e.g. int4_per_token_head)")
+        bits_k = table[table.tensor == "K"].groupby("scheme").bits.first()
+        bits_v = table[table.tensor == "V"].groupby("scheme").bits.first()
+        pairs = [(k, v) for k in scheme_order(table, "K") for v in scheme_order(table, "V")
+                 if abs(bits_k[k] - bits_v[v]) < 1e-9]
+        if not pairs:
+            raise SensprofError("the profile has no scheme measured for both K and V, nor a K and a V scheme of equal "
+                                "bits, so K and V cannot be compared; pass --reference-scheme K_SCHEME/V_SCHEME")
+        k, v = min(pairs, key=lambda p: (abs(bits_k[p[0]] - 5.0), p))
+        return f"{k} / {v}"
     return both[0]
 
 
@@ -86,9 +107,9 @@ def layer_kinds(table) -> pd.Series:
 def kv_sensitivity(table, scheme: str, metric: str = "kl"):
     """Per layer at one scheme: K damage, V damage and K/V (NaN where either is <= 0)."""
     check_metric(metric)
-    t = table[table.scheme == scheme]
-    k = t[t.tensor == "K"].set_index("layer")[metric]
-    v = t[t.tensor == "V"].set_index("layer")[metric]
+    ks, vs = split_reference(scheme)
+    k = table[(table.tensor == "K") & (table.scheme == ks)].set_index("layer")[metric]
+    v = table[(table.tensor == "V") & (table.scheme == vs)].set_index("layer")[metric]
     df = pd.DataFrame({"layer_kind": layer_kinds(table), "K": k, "V": v})
     df.index.name = "layer"
     ok = (df.K > 0) & (df.V > 0)
@@ -138,10 +159,15 @@ def predicted_kl(table, pairs) -> float:
     return total
 
 
-def uniform_pairs(table) -> dict[str, tuple[str, str]]:
+def uniform_pairs(table, every: bool = False) -> dict[str, tuple[str, str]]:
     """Uniform configurations the profile can predict: each scheme on K and V, and KIVI pairs (int<b>_c<G> keys,
-    int<b>_t<G> values)."""
+    int<b>_t<G> values); with `every`, also every key scheme with every value scheme of the menu."""
     out = {f"uniform {s}": (s, s) for s in common_schemes(table)}
+    if every:
+        for k in scheme_order(table, "K"):
+            for v in scheme_order(table, "V"):
+                if k != v and not any(get_scheme(x).is_engine or get_scheme(x).query for x in (k, v)):
+                    out[f"uniform {k} / {v}"] = (k, v)
     ks, vs = set(table[table.tensor == "K"].scheme), set(table[table.tensor == "V"].scheme)
     for k in scheme_order(table, "K"):
         sch = get_scheme(k)
@@ -152,13 +178,23 @@ def uniform_pairs(table) -> dict[str, tuple[str, str]]:
     return out
 
 
-def uniform_configs(table, meta):
+def uniform_configs(table, meta, every: bool = False):
     """Uniform configurations: avg bits and predicted KL (sum over layers of the profile's KL)."""
     n = len(meta["layers"])
     rows = [{"config": name, "k_scheme": k, "v_scheme": v, "avg_bits": config_bits(meta, [(k, v)] * n),
-             "predicted_kl": predicted_kl(table, [(k, v)] * n)} for name, (k, v) in uniform_pairs(table).items()]
+             "predicted_kl": predicted_kl(table, [(k, v)] * n)} for name, (k, v) in uniform_pairs(table, every).items()]
     df = pd.DataFrame(rows, columns=["config", "k_scheme", "v_scheme", "avg_bits", "predicted_kl"])
     return df.sort_values(["avg_bits", "config"]).reset_index(drop=True)
+
+
+def near_frontier(df, slack: float = 1.5):
+    """Rows no cheaper-or-equal row beats by more than `slack` in predicted KL: the uniform configurations worth
+    measuring (the prediction ranks them, the measurement decides)."""
+    keep = []
+    for r in df.itertuples():
+        cheaper = df[(df.avg_bits <= r.avg_bits + 1e-9) & (df.index != r.Index)]
+        keep.append(not (cheaper.predicted_kl * slack < r.predicted_kl).any())
+    return df[keep]
 
 
 def plan_strip(plan: Plan):
@@ -209,6 +245,8 @@ def plan_damage(plan: Plan, plan_path: str, table, meta):
         if missing or "plan" not in set(v.config):
             raise SensprofError(f"{vpath!r} is not a `sensprof validate` table (lacks "
                                 f"{', '.join(sorted(missing)) or 'the plan row'}); re-run `sensprof validate {plan_path}`")
+        if "seq_len" in v.columns:  # validated at several lengths: the report shows the profile's length
+            v = v[v.seq_len == v.seq_len.iloc[0]]
         df = v[cols].copy()
         df = pd.concat([df[df.config == "plan"], df[df.config != "plan"]])
         return df.reset_index(drop=True).astype({"avg_bits": float, "predicted_kl": float, "measured_kl": float}), vpath
@@ -232,6 +270,20 @@ def _sweep_plan(path: str, sweep_dir: str) -> Plan | None:
             except SensprofError:
                 return None
     return None
+
+
+def sweep_uniform(sweep_dir: str):
+    """The uniform configurations a validated sweep measured (its uniform.csv), or None."""
+    path = os.path.join(sweep_dir, "uniform.csv")
+    if not os.path.exists(path):
+        return None
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+        raise SensprofError(f"{path!r} is corrupt; re-run `sensprof sweep --validate`") from None
+    if not {"config", "avg_bits", "measured_kl"} <= set(df.columns):
+        raise SensprofError(f"{path!r} lacks config/avg_bits/measured_kl; re-run `sensprof sweep --validate`")
+    return df
 
 
 def sweep_points(sweep_dir: str, table, meta):
@@ -271,3 +323,16 @@ def sweep_points(sweep_dir: str, table, meta):
     known = out.target.dropna()
     out["target"] = known.iloc[0] if len(known) else os.path.basename(os.path.normpath(sweep_dir))
     return out.sort_values("avg_bits").reset_index(drop=True)
+
+
+def damage_by_length(profile):
+    """Rows tensor, scheme, seq_len, KL summed over layers, for a profile holding several --seq-len; empty otherwise."""
+    from ..table import length_profiles
+
+    rows = []
+    by_len = length_profiles(profile)
+    if len(by_len) > 1:
+        for n, p in by_len.items():
+            for (tensor, scheme), g in p.table.groupby(["tensor", "scheme"]):
+                rows.append({"tensor": tensor, "scheme": scheme, "seq_len": n, "kl_sum": float(g.kl.sum())})
+    return pd.DataFrame(rows, columns=["tensor", "scheme", "seq_len", "kl_sum"])

@@ -211,6 +211,19 @@ def frontier(sweeps: list, uniform, uniform_measured, model_id: str) -> Figure:
     if uniform_measured is not None and len(uniform_measured):
         measured_by_name = dict(zip(uniform_measured.config, uniform_measured.measured_kl))
     any_measured = False
+    if uniform is not None and len(uniform) > len(markers):  # a whole menu's pairs: dots and the measured envelope
+        p = uniform[uniform.predicted_kl > 0]
+        ax.plot(p.avg_bits, p.predicted_kl, ls="none", marker=".", ms=5, color="#999999",
+                label="uniform (one K and one V scheme in every layer): predicted")
+        m = uniform.assign(measured=[measured_by_name.get(c, float("nan")) for c in uniform.config])
+        m = m[m.measured > 0].sort_values("avg_bits")
+        if len(m):
+            ax.plot(m.avg_bits, m.measured, ls="none", marker="o", ms=6, mfc="none", color=OKABE_ITO["black"],
+                    label="uniform: measured")
+            env = m.measured.cummin()  # at each memory, the best uniform configuration that needs no more
+            ax.step(m.avg_bits, env, where="post", color=OKABE_ITO["black"], lw=1.0,
+                    label="best uniform with no more memory (measured)")
+        uniform = None
     if uniform is not None and len(uniform):
         for j, r in enumerate(uniform.itertuples()):
             mk = markers[j % len(markers)]
@@ -324,4 +337,27 @@ def plan_damage(df, title: str, measured: bool) -> Figure:
     ax.grid(True, axis="x", which="major", alpha=0.3)
     ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncols=2, borderaxespad=0, frameon=False)
     fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def damage_by_length(df, model_id: str) -> Figure:
+    """KL summed over layers vs context length, one line per scheme; keys left, values right."""
+    fig = new_figure(11.0, 4.6)
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, tensor in zip(axes, ("K", "V")):
+        d = df[df.tensor == tensor]
+        for i, (scheme, g) in enumerate(d.groupby("scheme", sort=False)):
+            g = g.sort_values("seq_len")
+            g = g[g.kl_sum > 0]
+            if len(g):
+                ax.plot(g.seq_len, g.kl_sum, marker="os^Dv<>ph*"[i % 10], color=SERIES[i % len(SERIES)], lw=1.2,
+                        ms=5, label=scheme)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens per window (profile --seq-len)")
+        ax.set_title("keys" if tensor == "K" else "values", fontsize=10, loc="left")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=6.5, ncol=2)
+    axes[0].set_ylabel("KL summed over layers\n(one tensor of one layer quantized at a time; log)")
+    fig.suptitle(f"Damage vs context length: {model_id}", fontsize=11)
     return fig

@@ -1,0 +1,130 @@
+"""`sensprof sweep`: plans over a range of budgets, and with --validate each measured beside the menu's uniform
+configurations (every layer one K and one V scheme) on unseen windows: the frontier the plans must beat."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from .commands import _load_for_plan, make_plan, validation_windows
+from .errors import SensprofError
+from .plan import load_plan
+
+
+def run_sweep(args) -> None:
+    import pandas as pd
+
+    if args.uniform not in ("frontier", "all", "none"):
+        raise SensprofError(f"--uniform {args.uniform!r} is not frontier, all or none")
+    from .budget import Budget
+    from .table import atomic_write_text, load_profile
+
+    try:
+        budgets = [float(x) for x in str(args.avg_bits).split(",") if x.strip()]
+    except ValueError:
+        raise SensprofError(f"--avg-bits {args.avg_bits!r} is not a comma-separated list of numbers; e.g. 3,4,6") from None
+    if not budgets:
+        raise SensprofError("--avg-bits needs at least one budget, e.g. 3,4,6")
+    profile = load_profile(args.profile_dir, require_complete=True)
+    model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(profile.meta["model"]["id"]).removesuffix(".gguf"))
+    out = args.out or os.path.join("plans", f"sweep-{os.path.basename(model)}-{args.target}")
+    rows, plans = [], []
+    for b in sorted(budgets):
+        try:
+            plan = make_plan(args.profile_dir, args.target, Budget("avg_bits", b), args.objective, None,
+                             args.vllm_gpu, args.llamacpp_build, args.robust)
+        except SensprofError as e:
+            if "infeasible" in str(e):
+                print(f"--avg-bits {b:g}: infeasible for {args.target}")
+                continue
+            raise
+        path = os.path.join(out, f"plan-{b:g}bits.json")
+        plan.save(path)
+        plans.append((path, plan))
+        rows.append({"budget_avg_bits": b, "avg_bits": plan.predicted["avg_bits"],
+                     "fraction_of_bf16": plan.predicted["fraction_of_bf16"],
+                     "predicted_damage": plan.predicted["damage"], "engine": plan.engine_summary(), "plan": path})
+    if not rows:
+        raise SensprofError(f"every budget was infeasible for target {args.target}; try larger --avg-bits")
+    df = pd.DataFrame(rows)
+    best = float("inf")
+    frontier = []
+    for r in df.sort_values("avg_bits").itertuples():  # non-dominated: less damage than any cheaper plan
+        frontier.append(r.predicted_damage < best - 1e-18)
+        best = min(best, r.predicted_damage)
+    df = df.sort_values("avg_bits").assign(frontier=frontier)
+    if args.validate:
+        df = _validate_sweep(df, profile, plans, args, out)
+    atomic_write_text(os.path.join(out, "sweep.csv"), df.to_csv(index=False))
+    with pd.option_context("display.width", 200, "display.max_colwidth", 60):
+        print(df.drop(columns=["plan"]).to_string(index=False))
+    print(f"wrote {out}/sweep.csv" + (", uniform.csv" if args.validate else "") + f" and {len(rows)} plans")
+
+
+def _validate_sweep(df, profile, plans, args, out):
+    """Measure each plan and the menu's uniform configurations on unseen windows, and compare (compare_with_uniform)."""
+    import pandas as pd
+
+    from .report.data import near_frontier, uniform_configs
+    from .table import atomic_write_text
+    from .validate import UNIFORM, layer_choices, measure
+
+    template = plans[0][1]
+    loaded = _load_for_plan(template, None, args.device)
+    ids = validation_windows(template, loaded.tokenizer, args.windows, args.seq_len)
+    configs = {"plan " + os.path.basename(p): load_plan(p).layers for p in df.plan}
+    uniform = uniform_configs(profile.table, profile.meta, every=True)
+    if args.uniform == "frontier":
+        uniform = near_frontier(uniform)
+    elif args.uniform == "none":
+        uniform = uniform.iloc[0:0]
+    from .report.data import config_bits
+
+    n = len(template.layers)
+    standard = pd.DataFrame([{"config": name, "k_scheme": k, "v_scheme": v,
+                              "avg_bits": config_bits(profile.meta, [(k, v)] * n), "predicted_kl": float("nan")}
+                             for name, (k, v) in UNIFORM.items()])
+    uniform = pd.concat([uniform, standard[~standard.config.isin(uniform.config)]], ignore_index=True)
+    uniform = uniform.drop_duplicates(["k_scheme", "v_scheme"])
+    for r in uniform.itertuples():
+        configs[r.config] = layer_choices(template, (r.k_scheme, r.v_scheme))
+    print(f"measuring {len(df)} plans and {len(uniform)} uniform configurations on {ids.shape[0]} x {ids.shape[1]} "
+          "unseen tokens")
+    done = []
+
+    def progress(name):
+        done.append(name)
+        print(f"  [{len(done)}/{len(configs)}] {name}", file=sys.stderr, flush=True)
+
+    measured = measure(loaded.model, ids, configs, progress)
+    df = df.assign(measured_kl=[measured["plan " + os.path.basename(p)]["kl"] for p in df.plan],
+                   dppl=[measured["plan " + os.path.basename(p)]["dppl"] for p in df.plan],
+                   base_ppl=[measured["plan " + os.path.basename(p)]["base_ppl"] for p in df.plan])
+    uniform = uniform.assign(measured_kl=[measured[c]["kl"] for c in uniform.config],
+                             dppl=[measured[c]["dppl"] for c in uniform.config]).sort_values("avg_bits")
+    df = compare_with_uniform(df, uniform).assign(validation_tokens=f"{ids.shape[0]}x{ids.shape[1]}")
+    atomic_write_text(os.path.join(out, "uniform.csv"), uniform.to_csv(index=False))
+    return df
+
+
+MORE_BITS = 0.5  # "equal or more memory": uniform configurations with up to this many bits per element more
+
+
+def compare_with_uniform(df, uniform):
+    """Beside each plan (measured_kl, avg_bits), two measured uniform configurations and the plan's KL as a fraction
+    of theirs: the best with no more memory (`best_uniform_le`: the frontier the plan must beat) and the best with
+    equal memory or up to MORE_BITS more, inclusive (`best_uniform_ge`: a handicap in the uniform's favour)."""
+    cols = {}
+    for tag, lo, hi in (("le", -float("inf"), 0.0), ("ge", 0.0, MORE_BITS)):
+        names, kls = [], []
+        for r in df.itertuples():
+            d = uniform.avg_bits - r.avg_bits  # bits per element the uniform configuration holds more
+            pool = uniform[(d >= lo - 1e-9) & (d <= hi + 1e-9)]
+            row = pool.loc[pool.measured_kl.idxmin()] if len(pool) else None
+            names.append(None if row is None else row.config)
+            kls.append(float("nan") if row is None else float(row.measured_kl))
+        cols[f"best_uniform_{tag}"] = names
+        cols[f"best_uniform_{tag}_kl"] = kls
+        cols[f"kl_vs_uniform_{tag}"] = [m / b if b and b > 0 else float("nan") for m, b in zip(df.measured_kl, kls)]
+    return df.assign(**cols)

@@ -1,0 +1,178 @@
+"""The default per-tensor menus end to end on a tiny model: sweep against every uniform configuration of the menu,
+the robust objective, `plan --refine`, and profiles at several lengths."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import types
+
+import pandas as pd
+import pytest
+from conftest import one_error_line, run_cli
+
+from sensprof.cli import main
+from sensprof.schemes import DEFAULT_K_SCHEMES, DEFAULT_V_SCHEMES
+from sensprof.table import load_profile
+
+
+@pytest.fixture(scope="module")
+def menu_run(tiny_model_dir, tmp_path_factory, _one_thread):
+    root = tmp_path_factory.mktemp("menu")
+    prof = root / "profile"
+    assert main(["profile", "--model", tiny_model_dir, "--seq-len", "32,64", "--windows", "2", "--out", str(prof),
+                 "--device", "cpu", "--quiet"]) == 0
+    sweep = root / "sweep"
+    assert main(["sweep", str(prof), "--validate", "--device", "cpu", "--avg-bits", "3,4,5,6",
+                 "--out", str(sweep)]) == 0
+    return types.SimpleNamespace(root=root, profile=str(prof), sweep=str(sweep), model=tiny_model_dir)
+
+
+def test_default_menus_are_profiled_per_tensor(menu_run):
+    prof = load_profile(menu_run.profile)
+    t = prof.table
+    assert set(t[t.tensor == "K"].scheme) == set(DEFAULT_K_SCHEMES)
+    assert set(t[t.tensor == "V"].scheme) == set(DEFAULT_V_SCHEMES)
+    assert len(t) == 3 * (len(DEFAULT_K_SCHEMES) + len(DEFAULT_V_SCHEMES))
+    assert prof.meta["settings"]["k_schemes"] == list(DEFAULT_K_SCHEMES)
+    assert prof.meta["memory"]["peak_rss_gib"] > 0 and prof.meta["cost_s"]["layers"] > 0
+
+
+def test_several_lengths(menu_run, capsys):
+    prof = load_profile(menu_run.profile)
+    assert prof.meta["settings"]["seq_len"] == 64 and prof.meta["lengths"] == [32, 64]
+    short = load_profile(os.path.join(menu_run.profile, "lengths", "32"))
+    assert short.meta["settings"]["seq_len"] == 32 and len(short.table) == len(prof.table)
+    rc, out, err = run_cli(capsys, "summary", menu_run.profile)
+    assert rc == 0, err
+    assert "damage vs context length" in out and "the planner uses the longest, 64" in out
+    row = next(line for line in out.splitlines() if line.startswith("K      int2_c32 "))
+    k = short.table[(short.table.tensor == "K") & (short.table.scheme == "int2_c32")].kl.sum()
+    assert f"{k:.2e}" in row
+
+
+def test_sweep_measures_the_menus_uniform_configurations(menu_run):
+    df = pd.read_csv(os.path.join(menu_run.sweep, "sweep.csv"))
+    uniform = pd.read_csv(os.path.join(menu_run.sweep, "uniform.csv"))
+    assert (uniform.measured_kl > 0).all() and len(uniform) >= 4
+    assert any(" / " in c for c in uniform.config)  # K and V from the per-tensor menus
+    assert "uniform KIVI-4 (int4_c32 / int4_t32)" in set(uniform.config)
+    for r in df.itertuples():
+        for tag, pool in (("le", uniform[uniform.avg_bits <= r.avg_bits + 1e-9]),
+                          ("ge", uniform[(uniform.avg_bits >= r.avg_bits - 1e-9) & (uniform.avg_bits <= r.avg_bits + 0.5 + 1e-9)])):
+            if not len(pool):
+                assert math.isnan(getattr(r, f"best_uniform_{tag}_kl"))
+                continue
+            best = pool.loc[pool.measured_kl.idxmin()]
+            assert getattr(r, f"best_uniform_{tag}") == best.config
+            assert getattr(r, f"best_uniform_{tag}_kl") == pytest.approx(best.measured_kl)
+            assert getattr(r, f"kl_vs_uniform_{tag}") == pytest.approx(r.measured_kl / best.measured_kl)
+        assert r.validation_tokens == "2x64"
+    assert df.best_uniform_le.notna().any() and df.best_uniform_ge.notna().any()
+
+
+def test_sweep_every_uniform_and_report(menu_run, tmp_path):
+    out = tmp_path / "all"
+    assert main(["sweep", menu_run.profile, "--validate", "--device", "cpu", "--avg-bits", "4",
+                 "--uniform", "all", "--seq-len", "48", "--out", str(out)]) == 0
+    uniform = pd.read_csv(out / "uniform.csv")
+    assert len(uniform) >= len(DEFAULT_K_SCHEMES) * len(DEFAULT_V_SCHEMES)
+    assert pd.read_csv(out / "sweep.csv").validation_tokens.iloc[0] == "2x48"
+    rep = tmp_path / "report"
+    assert main(["report", menu_run.profile, "--sweep", str(out), "--out", str(rep)]) == 0
+    html = (rep / "report.html").read_text()
+    assert "Keys vs values per layer at int" in html and " / int" in html  # a K and a V layout of equal bits
+    assert "Damage vs context length" in html and (rep / "damage_by_length.png").stat().st_size > 1000
+    from sensprof.report import data
+
+    by_len = data.damage_by_length(load_profile(menu_run.profile))
+    assert sorted(set(by_len.seq_len)) == [32, 64]
+    short = load_profile(os.path.join(menu_run.profile, "lengths", "32")).table
+    got = by_len[(by_len.seq_len == 32) & (by_len.tensor == "V") & (by_len.scheme == "int4_t32")].kl_sum.iloc[0]
+    assert got == pytest.approx(short[(short.tensor == "V") & (short.scheme == "int4_t32")].kl.sum())
+
+
+def test_bad_sweep_uniform(menu_run, capsys):
+    rc, out, err = run_cli(capsys, "sweep", menu_run.profile, "--uniform", "some")
+    assert "--uniform 'some' is not frontier, all or none" in one_error_line(rc, out, err)
+
+
+def test_refine_rounds_are_recorded_and_never_worse(menu_run, tmp_path, capsys):
+    out = tmp_path / "refined.json"
+    rc, stdout, err = run_cli(capsys, "plan", menu_run.profile, "--avg-bits", "4", "--refine", "2",
+                              "--device", "cpu", "--out", str(out))
+    assert rc == 0, err
+    plan = json.loads(out.read_text())
+    rounds = plan["solver"]["refine"]
+    assert rounds[0]["round"] == 0 and rounds[0]["cells_measured"] == 0
+    assert 2 <= len(rounds) <= 3 and all(r["cells_measured"] > 0 for r in rounds[1:])
+    kept = min(r["measured_kl"] for r in rounds)
+    assert all(math.isfinite(r["measured_kl"]) and r["measured_kl"] > 0 for r in rounds)
+    assert "refine round 1:" in stdout
+    assert plan["predicted"]["avg_bits"] <= 4 + 1e-9
+    from sensprof.plan import load_plan
+    from sensprof.commands import _load_for_plan
+    from sensprof.validate import measure
+    from sensprof.api import select_windows
+
+    p = load_plan(str(out))
+    loaded = _load_for_plan(p, None, "cpu")
+    s = p.profile["settings"]
+    ids = select_windows(loaded.tokenizer, None, s["seq_len"], s["windows"], s["seed"])[0]
+    assert measure(loaded.model, ids, {"plan": p.layers})["plan"]["kl"] == pytest.approx(kept, rel=1e-6)
+
+
+def test_refine_bad_input(menu_run, capsys, tmp_path):
+    rc, out, err = run_cli(capsys, "plan", menu_run.profile, "--avg-bits", "4", "--refine", "-1")
+    assert "--refine -1 is negative" in one_error_line(rc, out, err)
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(menu_run.profile, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["text_files"] = [str(tmp_path / "gone.txt")]
+    (copy / "meta.json").write_text(json.dumps(meta))
+    rc, out, err = run_cli(capsys, "plan", str(copy), "--avg-bits", "4", "--refine", "1", "--out",
+                           str(tmp_path / "p.json"))
+    assert "gone.txt' is gone; restore it or drop --refine" in one_error_line(rc, out, err)
+
+
+def test_robust_objective_prefers_the_steadier_scheme():
+    from sensprof.budget import Budget
+    from sensprof.planner import plan, problem_from_table
+    from sensprof.targets import get_target
+
+    layers = [{"index": 0, "kind": "full", "window": None, "kv_heads": 1, "q_heads": 1, "head_dim": 64}]
+    rows = [("K", "int4_c32", 1.0, 5.0), ("K", "int4_c128", 1.1, 0.0), ("V", "int4_t32", 1.0, 0.0)]
+    table = pd.DataFrame([{"layer": 0, "tensor": t, "scheme": s, "kl": kl, "kl_std": sd, "dnll": 0.0,
+                           "out_rel_l2": 0.0} for t, s, kl, sd in rows])
+    budget, target = Budget("avg_bits", 5.0), get_target("sensprof")
+    assert plan(problem_from_table(table, layers), target, budget).choices == [("int4_c32", "int4_t32")]
+    assert plan(problem_from_table(table, layers, robust=1.0), target, budget).choices == [("int4_c128", "int4_t32")]
+    from sensprof.errors import SensprofError
+
+    with pytest.raises(SensprofError, match="--objective kl"):
+        problem_from_table(table, layers, "dnll", robust=1.0)
+    with pytest.raises(SensprofError, match="negative"):
+        problem_from_table(table, layers, robust=-1.0)
+
+
+def test_robust_plan_records_its_weight(menu_run, tmp_path):
+    out = tmp_path / "robust.json"
+    assert main(["plan", menu_run.profile, "--avg-bits", "4", "--robust", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["solver"]["robust"] == 1.0
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--k-schemes", "int4_t32"], "is a value layout"),
+    (["--v-schemes", "int4_c32_pre"], "quantizes before RoPE"),
+    (["--v-schemes", "turboquant_k8v4.K"], "key-only format"),
+    (["--seq-len", "32,100000"], "--seq-len 100000 is beyond the model's 512 positions"),
+    (["--kl", "sampled:x"], "--kl 'sampled:x'"),
+])
+def test_profile_menu_bad_input(menu_run, capsys, tmp_path, argv, match):
+    rc, out, err = run_cli(capsys, "profile", "--model", menu_run.model, "--device", "cpu", "--out",
+                           str(tmp_path / "p"), *argv)
+    assert match in one_error_line(rc, out, err)
+    assert not (tmp_path / "p").exists()
