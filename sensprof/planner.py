@@ -91,8 +91,12 @@ def _require_feasible(min_cost: float, budget: Budget, layers, target: Target):
             f"feasible budget with the profiled schemes is {budget.describe(min_cost, layers)}")
 
 
-def plan(problem: Problem, target: Target, budget: Budget, num_skip: int | None = None) -> Solution:
-    """Solve the integer program for `target` under `budget`; refuse infeasible budgets with the minimum."""
+def plan(problem: Problem, target: Target, budget: Budget, num_skip: int | None = None,
+         near: tuple[list[tuple[str, str]], int] | None = None) -> Solution:
+    """Solve the integer program for `target` under `budget`; refuse infeasible budgets with the minimum.
+
+    `near` = (choices, M): the free target only, change at most M of these per-layer (K, V) choices (a trust region
+    for `plan --refine`, whose in-context costs hold only near the plan they were measured around)."""
     solvers = {"free": _plan_free, "global_skip": _plan_global_skip, "global": _plan_global,
                "global_kv": _plan_global_kv}
     if num_skip is not None and target.structure != "global_skip":
@@ -103,6 +107,10 @@ def plan(problem: Problem, target: Target, budget: Budget, num_skip: int | None 
         warnings.filterwarnings("ignore", message=r".*PuLP 4\.0", category=DeprecationWarning)
         if target.structure == "global_skip":
             return solvers[target.structure](problem, target, budget, num_skip)
+        if near is not None:
+            if target.structure != "free":
+                raise SensprofError(f"a bound on changed choices needs per-layer choices; target {target.name} has none")
+            return _plan_free(problem, target, budget, near)
         return solvers[target.structure](problem, target, budget)
 
 
@@ -112,7 +120,7 @@ def _scale(problem: Problem) -> float:
     return 1.0 / m if m > 0 else 1.0
 
 
-def _plan_free(problem: Problem, target: Target, budget: Budget) -> Solution:
+def _plan_free(problem: Problem, target: Target, budget: Budget, near=None) -> Solution:
     import pulp
 
     t0 = time.perf_counter()
@@ -128,12 +136,17 @@ def _plan_free(problem: Problem, target: Target, budget: Budget) -> Solution:
         for t in ("K", "V"):
             prob += pulp.lpSum(x[(i, t, j)] for j in range(len(opts[t]))) == 1
     prob += pulp.lpSum(_cost(budget, layers[i], opts[t][j]) / limit * v for (i, t, j), v in x.items()) <= 1 + 1e-9
+    anchor = None
+    if near is not None:
+        anchor = {(i, t): near[0][i][0 if t == "K" else 1] for i in range(len(layers)) for t in ("K", "V")}
+        kept = [x[(i, t, opts[t].index(s))] for (i, t), s in anchor.items() if s in opts[t]]
+        prob += pulp.lpSum(kept) >= len(anchor) - near[1]
     status, elapsed = _solve(prob, t0)
     if status != "Optimal":
         raise SensprofError(f"the solver ended with status {status}; try a larger budget")
     pick = {(i, t): next(opts[t][j] for j in range(len(opts[t])) if x[(i, t, j)].value() > 0.5)
             for i in range(len(layers)) for t in ("K", "V")}
-    _polish(problem, budget, opts, pick, limit)
+    _polish(problem, budget, opts, pick, limit, anchor, near[1] if near else None)
     choices = [(pick[(i, "K")], pick[(i, "V")]) for i in range(len(layers))]
     return _finish(problem, budget, choices, {}, status, time.perf_counter() - t0)
 
@@ -144,18 +157,22 @@ def _runtime_format(name: str) -> bool:
     return not (s.is_engine or s.query)
 
 
-def _polish(problem: Problem, budget: Budget, opts, pick: dict, limit: float) -> None:
+def _polish(problem: Problem, budget: Budget, opts, pick: dict, limit: float, anchor=None, max_changes=None) -> None:
     """Single-cell improvements the solver's tolerances hid: damages span many decades (1e-11..1e-1),
-    and CBC treats a cell 1e-7 below the largest as free. Each move lowers damage and keeps the budget."""
+    and CBC treats a cell 1e-7 below the largest as free. Each move lowers damage and keeps the budget (and, with
+    an anchor, leaves at most `max_changes` cells changed from it)."""
     cost = {k: _cost(budget, problem.layers[k[0]], s) for k, s in pick.items()}
     slack = limit - sum(cost.values())
     while True:
         best = None
+        changed = 0 if anchor is None else sum(pick[k] != anchor[k] for k in pick)
         for (i, t), s in pick.items():
             here = problem.cell(i, t, s)
             for alt in opts[t]:
                 gain = here - problem.cell(i, t, alt)
                 extra = _cost(budget, problem.layers[i], alt) - cost[(i, t)]
+                if anchor is not None and changed - (s != anchor[(i, t)]) + (alt != anchor[(i, t)]) > max_changes:
+                    continue
                 if gain > 0 and extra <= slack + 1e-9 * limit and (best is None or gain > best[0]):
                     best = (gain, (i, t), alt, extra)
         if best is None:

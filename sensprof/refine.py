@@ -4,8 +4,9 @@ The planner sums per-layer damage measured one cell at a time; with many layers 
 compounds (int2 keys everywhere: 16% more KL than the sum on the default model). Each round measures the whole
 plan, then each cell next to the decision boundary (a layer's chosen scheme swapped for the neighbouring cheaper
 or dearer one of its tensor's menu) with the rest of the plan applied; the swap's measured change in joint KL
-becomes that cell's cost relative to the chosen one, and the planner solves again. Rounds stop when the measured
-KL of the new plan is not lower. Measured on the profile's own windows; validate on others.
+becomes that cell's cost relative to the chosen one, and the planner solves again with at most a bounded number of
+choices changed (halved while the new plan measures worse). Rounds stop when no bound gives a lower measured KL.
+Measured on the profile's own windows; validate on others.
 """
 
 from __future__ import annotations
@@ -80,18 +81,27 @@ def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str =
             delta = measured[f"{i}{tensor}{alt}"]["kl"] - best_kl
             if alt != NONE:
                 problem.damage[(i, tensor, alt)] = problem.cell(i, tensor, chosen) + delta
-        solution = solve(problem, target, budget)
-        candidate = build_plan(profile, solution, plan.target, plan.objective, budget)
-        changed = sum(a != b for p, q in zip(best.layers, candidate.layers)
-                      for a, b in ((p.k_scheme, q.k_scheme), (p.v_scheme, q.v_scheme)))
-        kl = joint(candidate.layers) if changed else best_kl
-        history.append({"round": r, "measured_kl": kl, "predicted": solution.damage, "cells_measured": len(swaps),
-                        "changed": changed})
-        log(f"refine round {r}: {len(swaps)} boundary cells measured in context, {changed} choices changed, "
-            f"measured KL {kl:.4g}")
-        if not changed or kl >= best_kl:
+        # A trust region: the in-context costs hold near the plan they were measured around, so at most `bound`
+        # choices change; when the new plan measures worse, the bound is halved and the program solved again.
+        bound, improved = max(1, len(swaps) // 8), False
+        while bound >= 1:
+            solution = solve(problem, target, budget, near=(choices, bound))
+            candidate = build_plan(profile, solution, plan.target, plan.objective, budget)
+            changed = sum(a != b for p, q in zip(best.layers, candidate.layers)
+                          for a, b in ((p.k_scheme, q.k_scheme), (p.v_scheme, q.v_scheme)))
+            kl = joint(candidate.layers) if changed else best_kl
+            history.append({"round": r, "bound": bound, "measured_kl": kl, "predicted": solution.damage,
+                            "cells_measured": len(swaps), "changed": changed})
+            log(f"refine round {r}: {len(swaps)} boundary cells measured in context, {changed} choices changed "
+                f"(at most {bound}), measured KL {kl:.4g}")
+            if changed and kl < best_kl:
+                best, best_kl, improved = candidate, kl, True
+                break
+            if not changed:
+                break
+            bound //= 2
+        if not improved:
             break
-        best, best_kl = candidate, kl
     solver = {**best.solver, "refine": history}
     if robust:
         solver["robust"] = robust

@@ -13,6 +13,7 @@ import pytest
 from conftest import one_error_line, run_cli
 
 from sensprof.cli import main
+from sensprof.errors import SensprofError
 from sensprof.schemes import DEFAULT_K_SCHEMES, DEFAULT_V_SCHEMES
 from sensprof.table import load_profile
 
@@ -106,7 +107,9 @@ def test_refine_rounds_are_recorded_and_never_worse(menu_run, tmp_path, capsys):
     plan = json.loads(out.read_text())
     rounds = plan["solver"]["refine"]
     assert rounds[0]["round"] == 0 and rounds[0]["cells_measured"] == 0
-    assert 2 <= len(rounds) <= 3 and all(r["cells_measured"] > 0 for r in rounds[1:])
+    assert len(rounds) >= 2 and all(r["cells_measured"] > 0 for r in rounds[1:])
+    assert all(1 <= r["bound"] and r["changed"] <= r["bound"] for r in rounds[1:])  # the trust region held
+    assert max(r["round"] for r in rounds) <= 2
     kept = min(r["measured_kl"] for r in rounds)
     assert all(math.isfinite(r["measured_kl"]) and r["measured_kl"] > 0 for r in rounds)
     assert "refine round 1:" in stdout
@@ -176,3 +179,24 @@ def test_profile_menu_bad_input(menu_run, capsys, tmp_path, argv, match):
                            str(tmp_path / "p"), *argv)
     assert match in one_error_line(rc, out, err)
     assert not (tmp_path / "p").exists()
+
+
+def test_trust_region_bounds_the_changed_choices(menu_run):
+    from sensprof.budget import Budget
+    from sensprof.commands import current_cells
+    from sensprof.planner import plan, problem_from_table
+    from sensprof.targets import get_target
+
+    prof = load_profile(menu_run.profile)
+    problem = problem_from_table(current_cells(prof), prof.meta["layers"])
+    target = get_target("sensprof")
+    start = plan(problem, target, Budget("avg_bits", 8.0)).choices
+    free = plan(problem, target, Budget("avg_bits", 4.0)).choices
+    far = sum(a != b for p, q in zip(start, free) for a, b in zip(p, q))
+    assert far > 2
+    for bound in (1, 2):
+        near = plan(problem, target, Budget("avg_bits", 7.5), near=(start, bound))
+        assert 1 <= sum(a != b for p, q in zip(start, near.choices) for a, b in zip(p, q)) <= bound
+        assert near.cost <= near.limit * (1 + 1e-9)
+    with pytest.raises(SensprofError, match="per-layer choices"):
+        plan(problem, get_target("sglang"), Budget("avg_bits", 8.0), near=(start, 1))
