@@ -34,11 +34,6 @@ def _expect(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (p.unsqueeze(-2) @ x.unsqueeze(-1)).squeeze(-1).squeeze(-1)
 
 
-def attention_kl(p_base: torch.Tensor, p_quant: torch.Tensor) -> torch.Tensor:
-    """Mean over batch and queries of KL between attention rows, per query head: [Hq]."""
-    return attention_kl_sum(p_base, p_quant) / (p_base.shape[0] * p_base.shape[2])
-
-
 def attention_kl_sum(p_base: torch.Tensor, p_quant: torch.Tensor) -> torch.Tensor:
     """Sum over batch and queries of KL between attention rows, per query head: [Hq].
 
@@ -50,12 +45,6 @@ def attention_kl_sum(p_base: torch.Tensor, p_quant: torch.Tensor) -> torch.Tenso
         kl = torch.xlogy(pb, pb) - torch.xlogy(pb, pq.clamp_min(1e-300))
         total += kl.sum(-1).clamp_min(0.0).sum(dim=(0, 2))
     return total
-
-
-def relative_l2(out_base: torch.Tensor, out_quant: torch.Tensor) -> torch.Tensor:
-    """||O_q - O_b|| / ||O_b|| per query head, for attention outputs [B, T, Hq, D]: [Hq]."""
-    num, den = squared_errors(out_base, out_quant)
-    return num.sqrt() / den.sqrt().clamp_min(1e-300)
 
 
 def squared_errors(out_base: torch.Tensor, out_quant: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

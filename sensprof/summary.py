@@ -22,21 +22,18 @@ def reference_scheme(table) -> str | None:
 
 def length_table(profile) -> str:
     """Damage vs context length: each scheme's KL summed over layers (a uniform configuration's prediction)."""
-    from .table import length_profiles
+    from .report.data import damage_by_length
 
-    by_len = length_profiles(profile)
-    if len(by_len) < 2:
+    df = damage_by_length(profile)
+    if df.empty:
         return ""
-    lens = list(by_len)
+    lens = sorted(set(df.seq_len))
+    kl = df.set_index(["tensor", "scheme", "seq_len"]).kl_sum
     lines = ["", "damage vs context length: KL summed over layers, per tensor and scheme (the planner uses the "
              f"longest, {lens[-1]})", f"{'tensor':<7}{'scheme':<22}" + "".join(f"{n:>12}" for n in lens)]
-    last = by_len[lens[-1]].table
-    for (tensor, scheme), _ in last.groupby(["tensor", "scheme"], sort=False):
-        vals = []
-        for n in lens:
-            t = by_len[n].table
-            sel = t[(t.tensor == tensor) & (t.scheme == scheme)]
-            vals.append(_fmt(sel.kl.sum()) if len(sel) else "-")
+    longest = df[df.seq_len == lens[-1]]
+    for tensor, scheme in zip(longest.tensor, longest.scheme):
+        vals = [_fmt(kl[(tensor, scheme, n)]) if (tensor, scheme, n) in kl.index else "-" for n in lens]
         lines.append(f"{tensor:<7}{scheme:<22}" + "".join(f"{v:>12}" for v in vals))
     return "\n".join(lines)
 
