@@ -40,8 +40,9 @@ class OutputHead:
         self.divide = getattr(cfg, "logits_scaling", None)  # Granite
         self.vocab = self.weight.shape[0]
 
-    def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
-        out = self.decoder(input_ids=input_ids, use_cache=False)
+    def hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        extra = {} if position_ids is None else {"position_ids": position_ids}
+        out = self.decoder(input_ids=input_ids, use_cache=False, **extra)
         return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
     def _transform(self, z: torch.Tensor) -> torch.Tensor:
@@ -171,6 +172,11 @@ class Baseline:
         self.sample_ids[r0:r1] = torch.cat([top, draws], 1)
         self.sample_weights[r0:r1] = torch.cat([top_p, mass.expand(-1, k) / k], 1).float()
         self.sample_logits[r0:r1] = z.gather(1, self.sample_ids[r0:r1])
+
+    def prefix(self, n: int) -> torch.Tensor:
+        """The baseline's final hidden states of the first n positions of each window, [W, n, H]."""
+        w, t = self.shape
+        return self.h.view(w, t, -1)[:, :n]
 
     def compare(self, hidden_q: torch.Tensor) -> dict:
         """KL, its spread across windows and ΔNLL of the quantized model's hidden states [W, T, H]."""

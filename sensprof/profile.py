@@ -7,7 +7,6 @@ model from that layer on (the layers before it would compute the baseline again)
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import time
@@ -39,7 +38,8 @@ from .table import (
     write_json,
     write_tables,
 )
-from .taps import QuantTap, StatsTap
+from .suffix import PrefixRecorder, replay_suffix, stop_after
+from .taps import QuantTap, StatsTap, first_quantized_row
 
 
 def parse_kl(kl: str) -> int:
@@ -75,9 +75,9 @@ def profile_settings(model, input_ids: torch.Tensor, menu: Menu, *, text_digest:
             "variants_per_pass": variants_per_pass, "kl": kl}
 
 
-def _baseline_pass(model, session, input_ids, n_layers, head):
+def _baseline_pass(model, session, input_ids, n_layers, head, recorder=None):
     """One unquantized forward: statistics, every layer's output, and the final hidden states (or logits)."""
-    stats_taps = [StatsTap(session, i) for i in range(n_layers)]
+    stats_taps = [StatsTap(session, i, recorder) for i in range(n_layers)]
     for i, tap in enumerate(stats_taps):
         session.set_tap(i, tap)
     outputs: dict = {}
@@ -110,12 +110,29 @@ def _cells_for_layer(menu: Menu, has_rope: bool):
                        and (has_rope or not s.pre_rope)]
 
 
+def _cell_forward(model, session, layer, ids, layer_outputs, repeat, head, baseline, recorder, start):
+    """The quantized model's final hidden states (or logits, without `head`) for one pass of variants.
+
+    With `start` > 0 the positions before it read nothing quantized: the layers after this one run over the
+    positions start.. only (sensprof.suffix) and the baseline fills in the rest."""
+    if head is None or recorder is None or start <= 0:
+        with replay_from(model, layer, layer_outputs, repeat=repeat):
+            return model(input_ids=ids, use_cache=False).logits if head is None else head.hidden(ids)
+    with replay_from(model, layer, layer_outputs, repeat=repeat), stop_after(model, layer) as box:
+        head.hidden(ids)
+    session.clear_taps()
+    suffix = replay_suffix(model, session, layer, start, ids, box["out"], recorder, head.hidden)
+    return torch.cat([baseline.prefix(start).repeat(repeat, 1, 1).to(suffix.dtype), suffix], dim=1)
+
+
 def profile_layer(model, session, layer, info, input_ids, baseline, layer_outputs, schemes_by_tensor,
-                  calibration, variants_per_pass=1, replay=True, on_cell=None, head=None, seconds=None) -> dict:
+                  calibration, variants_per_pass=1, replay=True, on_cell=None, head=None, seconds=None,
+                  recorder=None) -> dict:
     """All cells of one layer: end-to-end and local damage for each (tensor, scheme).
 
     With `head` (an OutputHead) the forward stops at the final hidden states and `baseline` compares them in
-    vocabulary chunks; without, the full logits are compared (--naive)."""
+    vocabulary chunks; without, the full logits are compared (--naive). With `recorder` (the baseline's first
+    keys and values), the positions no quantized read reaches are not recomputed after this layer."""
     rows, heads = [], []
     w = input_ids.shape[0]
     cal = {k: torch.tensor(v) for k, v in calibration.get(str(layer), {}).items()}
@@ -130,8 +147,11 @@ def profile_layer(model, session, layer, info, input_ids, baseline, layer_output
             t0 = time.perf_counter()
             try:
                 ids = input_ids.repeat(len(chunk), 1)
-                ctx = replay_from(model, layer, layer_outputs, repeat=len(chunk)) if replay else contextlib.nullcontext()
-                with ctx:
+                if replay:
+                    start = 0 if recorder is None else min(recorder.length, first_quantized_row(pairs, ids.shape[1]))
+                    out = _cell_forward(model, session, layer, ids, layer_outputs, len(chunk), head, baseline,
+                                        recorder, start)
+                else:
                     out = model(input_ids=ids, use_cache=False).logits if head is None else head.hidden(ids)
             finally:
                 session.clear_taps()
@@ -148,6 +168,18 @@ def profile_layer(model, session, layer, info, input_ids, baseline, layer_output
                 if on_cell:
                     on_cell()
     return {"layer": layer, "rows": rows, "heads": heads}
+
+
+SUFFIX_REPLAY = True  # replay only the positions a cell can move (sensprof.suffix); False: every position
+
+
+def _prefix_recorder(menu: Menu, layers, n: int) -> PrefixRecorder | None:
+    """What the baseline pass keeps for suffix replays: as many first positions as any cell leaves unmoved."""
+    if not SUFFIX_REPLAY or not layers:
+        return None
+    starts = [first_quantized_row([(s, None)], n) for s in menu.schemes]
+    longest = max([s for s in starts if s < n], default=0)
+    return PrefixRecorder(longest) if longest > 0 else None
 
 
 def peak_memory() -> dict:
@@ -204,7 +236,8 @@ def run_profile(model, input_ids: torch.Tensor, schemes: Menu | list[QuantScheme
         return load_profile(out_dir)  # nothing left to do: the same command after completion just reads
     with attention_taps(model) as session:
         head = output_head(model, input_ids, kl)
-        final, layer_outputs, stats_taps = _baseline_pass(model, session, input_ids, n_layers, head)
+        recorder = _prefix_recorder(menu, todo, input_ids.shape[1]) if replay and head is not None else None
+        final, layer_outputs, stats_taps = _baseline_pass(model, session, input_ids, n_layers, head, recorder)
         baseline = (MaterializedBaseline(final, input_ids) if head is None
                     else Baseline(head, final, input_ids, sample=sample, seed=seed))
         del final
@@ -247,7 +280,8 @@ def run_profile(model, input_ids: torch.Tensor, schemes: Menu | list[QuantScheme
                 bar.set_postfix_str(f"layer {layer}")
                 part = profile_layer(model, session, layer, infos[layer], input_ids, baseline, layer_outputs,
                                      list(_cells_for_layer(menu, has_rope[layer])), calibration,
-                                     variants_per_pass, replay, on_cell=bar.update, head=head, seconds=seconds)
+                                     variants_per_pass, replay, on_cell=bar.update, head=head, seconds=seconds,
+                                     recorder=recorder)
                 part["wall_time_s"] = time.time() - lt
                 parts[layer] = part
                 if out_dir:

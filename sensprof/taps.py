@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .hooks import apply_rope, blocked_eager, query_blocks, undo_rope
+from .hooks import apply_rope, plain_attention, query_blocks, undo_rope
 from .metrics import MomentStats, attention_kl_sum, squared_errors
 from .quant import fake_quant, quantize_query
 from .schemes import QuantScheme
@@ -34,9 +34,28 @@ def quantized_reads(scheme: QuantScheme | None, n: int, device=None) -> torch.Te
     if scheme is None or scheme.is_identity:
         return torch.zeros(n, n, dtype=torch.bool, device=device)
     fp_from = full_precision_from(scheme, n, device)
-    if fp_from is None:
+    if fp_from is None and not scheme.sink:
         return None
-    return torch.arange(n, device=device)[None, :] < fp_from[:, None]
+    j = torch.arange(n, device=device)[None, :]
+    reads = j >= scheme.sink  # sink tokens are kept in full precision: reading them is the baseline's read
+    return reads if fp_from is None else reads & (j < fp_from[:, None])
+
+
+def first_quantized_row(pairs, n: int) -> int:
+    """The first query position that reads a quantized key or value under any (K scheme, V scheme) pair: the
+    positions before it compute exactly the baseline (n: none reads one)."""
+    first = n
+    for pair in pairs:
+        for scheme in pair:
+            if scheme is None or scheme.is_identity:
+                continue
+            if scheme.query:
+                return 0  # the query itself is transformed at every position
+            reads = quantized_reads(scheme, n)
+            rows = torch.ones(n, dtype=torch.bool) if reads is None else reads.any(-1)
+            if bool(rows.any()):
+                first = min(first, int(rows.nonzero()[0]))
+    return first
 
 
 def attention_over_parts(eager, module, query, parts, mask, kwargs, rows: slice | None = None,
@@ -60,8 +79,10 @@ def attention_over_parts(eager, module, query, parts, mask, kwargs, rows: slice 
     keys = torch.cat([k for k, _, _ in parts], dim=-2)
     values = torch.cat([v for _, v, _ in parts], dim=-2)
     masks = torch.cat([torch.where(reads[rows], mask, blocked) for _, _, reads in parts], dim=-1)
+    if not weights:
+        return plain_attention(eager, module, query, keys, values, masks, **kwargs)[0], None
     out, w = eager(module, query, keys, values, masks, **kwargs)
-    if w is not None and weights:
+    if w is not None:
         return out, sum(w[..., i * n:(i + 1) * n] for i in range(len(parts)))
     return out, None
 
@@ -81,7 +102,9 @@ def quantized_attention(eager, module, query, key, value, k_q, v_q, k_scheme, v_
     rk = quantized_reads(k_scheme, n, key.device)
     rv = quantized_reads(v_scheme, n, key.device)
     if rk is None and rv is None:
-        return eager(module, query, k_q, v_q, mask, **kwargs)
+        if weights:
+            return eager(module, query, k_q, v_q, mask, **kwargs)
+        return plain_attention(eager, module, query, k_q, v_q, mask, **kwargs)
     ones = torch.ones(n, n, dtype=torch.bool, device=key.device)
     rk = ones if rk is None else rk
     rv = ones if rv is None else rv
@@ -94,17 +117,19 @@ def quantized_attention(eager, module, query, key, value, k_q, v_q, k_scheme, v_
 class StatsTap:
     """Baseline pass: collect absmax (calibration) and outlier statistics of K (pre/post RoPE) and V."""
 
-    def __init__(self, session, layer: int):
-        self.session, self.layer = session, layer
+    def __init__(self, session, layer: int, recorder=None):
+        self.session, self.layer, self.recorder = session, layer, recorder
         self.stats = {"K": MomentStats(), "V": MomentStats()}
 
     def __call__(self, eager, module, query, key, value, mask, kwargs):
+        if self.recorder is not None:
+            self.recorder.record(self.layer, key, value, mask)
         self.stats["K"].update(key)
         self.stats["V"].update(value)
         rope = self.session.rope.get(self.layer)
         if rope is not None:
             self.stats.setdefault("K_pre", MomentStats()).update(undo_rope(key, *rope))
-        return blocked_eager(eager, module, query, key, value, mask, **kwargs)
+        return plain_attention(eager, module, query, key, value, mask, **kwargs)
 
 
 class QuantTap:
@@ -172,6 +197,11 @@ class QuantTap:
             if self.want_local:
                 n_rows = q.shape[0] * q.shape[-2]
                 self.local.append(((kl_sum / n_rows).cpu(), (err.sqrt() / ref.sqrt().clamp_min(1e-300)).cpu()))
-            outs.append(torch.cat([o for o, _ in parts], dim=1))
+            out = torch.cat([o for o, _ in parts], dim=1)
+            unmoved = first_quantized_row([(k_scheme, v_scheme)], k.shape[-2]) - offset
+            if unmoved > 0:  # these queries read nothing quantized: exactly the unquantized attention, bit for bit
+                plain = plain_attention(eager, module, q, k, v, m, **kwargs)[0]
+                out = torch.cat([plain[:, :unmoved], out[:, unmoved:]], dim=1)
+            outs.append(out)
             weights.append(parts[0][1] if len(parts) == 1 else None)
         return torch.cat(outs), (None if any(w is None for w in weights) else torch.cat(weights))

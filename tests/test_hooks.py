@@ -65,12 +65,14 @@ def test_apply_rope_matches_transformers_partial_rotary():
 # ---------------------------------------------------------------- attention_taps
 
 
+@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_taps_without_taps_change_nothing(arch, tiny_ids, monkeypatch):
+def test_taps_without_taps_change_nothing(arch, fast, tiny_ids, monkeypatch):
     model = make_tiny_model(arch)
     with torch.no_grad():
         ref = model(input_ids=tiny_ids, use_cache=False).logits
-        with attention_taps(model) as session:
+        with attention_taps(model, fast=fast) as session:
+            assert all((id(m) in hooks._FAST) == fast for m in session.attn_modules)  # every tiny arch takes SDPA
             assert model.config._attn_implementation == hooks.ATTN_NAME
             calls = []
             # count that attention really went through sensprof's function
@@ -85,7 +87,42 @@ def test_taps_without_taps_change_nothing(arch, tiny_ids, monkeypatch):
             monkeypatch.undo()
         assert sorted(calls) == list(range(len(decoder_layers(model))))
         assert all(session.rope[i] is not None for i in range(len(decoder_layers(model))))
-    assert torch.equal(out, ref)
+    assert not hooks._FAST
+    if fast:  # SDPA: the same attention up to rounding
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    else:
+        assert torch.equal(out, ref)
+
+
+def test_sdpa_is_not_taken_where_it_differs_from_eager(tiny_ids):
+    """A soft-capped model (Gemma 2) keeps its eager attention: SDPA would drop the cap."""
+    import transformers as tf
+
+    from conftest import _common
+
+    torch.manual_seed(0)
+    model = tf.Gemma2ForCausalLM(tf.Gemma2Config(**_common(head_dim=16, attn_logit_softcapping=5.0))).eval()
+    model.set_attn_implementation("eager")
+    with torch.no_grad(), attention_taps(model) as session:
+        assert not any(id(m) in hooks._FAST for m in session.attn_modules)
+        assert hooks._sdpa_equals_eager(model, session) is False
+
+
+def test_sdpa_probe_measures_the_difference(tiny_ids, monkeypatch):
+    """The probe compares numbers, not names: an eager attention that differs from SDPA keeps eager."""
+    model = make_tiny_model("llama")
+    import transformers.models.llama.modeling_llama as ml
+
+    real = ml.eager_attention_forward
+
+    def shifted(module, query, key, value, mask, **kw):  # a model whose own eager maths is not plain attention
+        out, w = real(module, query, key, value, mask, **kw)
+        return out + 1e-2, w
+
+    monkeypatch.setattr(ml, "eager_attention_forward", shifted)
+    with torch.no_grad(), attention_taps(model) as session:
+        assert not hooks._FAST
+        assert hooks._sdpa_equals_eager(model, session) is False
 
 
 @pytest.mark.parametrize("start_impl", ["eager", "sdpa"])
