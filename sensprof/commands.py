@@ -101,11 +101,14 @@ def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int 
     """Windows from the profile's text that the profile did not use."""
     from .api import select_windows
 
+    from .data import bos_prefix, overlapping_slots
+
     settings = plan.profile["settings"]
     exclude = set(plan.profile.get("window_slots") or [])
     seq = seq_len or settings["seq_len"]
-    if seq != settings["seq_len"]:
-        exclude = set()  # other slot boundaries: the profiled windows cannot be excluded by slot
+    if seq != settings["seq_len"]:  # other slot boundaries: leave out every window that overlaps a profiled one
+        prefix = len(bos_prefix(tokenizer))
+        exclude = overlapping_slots(exclude, settings["seq_len"] - prefix, seq - prefix)
     ids, _, _, _ = select_windows(tokenizer, plan.profile.get("text_files"), seq,
                                   windows or settings["windows"], settings["seed"] + 1, exclude)
     return ids

@@ -92,6 +92,16 @@ def make_windows(tokens: list[int], seq_len: int, n_windows: int, seed: int = 0,
     return torch.tensor(rows, dtype=torch.long), chosen
 
 
+def overlapping_slots(slots, body: int, new_body: int) -> set[int]:
+    """Slots of `new_body` tokens that share a token with any of the given slots of `body` tokens: windows of
+    another length that would hold text a profile already read."""
+    out = set()
+    for s in slots:
+        lo, hi = s * body, (s + 1) * body  # [lo, hi) in the token stream
+        out.update(range(lo // new_body, (hi - 1) // new_body + 1))
+    return out
+
+
 def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -298,3 +298,17 @@ def test_text_digest():
     assert text_digest("abc") == text_digest("abc")
     assert text_digest("abc") != text_digest("abd")
     assert re.fullmatch(r"[0-9a-f]{16}", text_digest(""))
+
+
+def test_overlapping_slots_cover_every_shared_token():
+    from sensprof.data import overlapping_slots
+
+    # profiled slots of 10 tokens: [30, 40) and [70, 80); windows of 25 tokens: [25, 50) and [50, 75), [75, 100)
+    assert overlapping_slots({3, 7}, 10, 25) == {1, 2, 3}
+    assert overlapping_slots({3}, 10, 5) == {6, 7}  # shorter windows: both halves
+    assert overlapping_slots(set(), 10, 25) == set()
+    for slots, body, new in (({0, 5, 9}, 7, 30), ({2, 11}, 33, 8)):
+        out = overlapping_slots(slots, body, new)
+        for k in range(0, 20):
+            shares = any(k * new < (s + 1) * body and s * body < (k + 1) * new for s in slots)
+            assert (k in out) == shares, (slots, body, new, k)

@@ -191,6 +191,22 @@ def test_validation_windows_are_not_the_profiled_ones(cli_run, tiny_tokenizer):
     assert not seen & {tuple(r) for r in more.tolist()}
 
 
+@pytest.mark.parametrize("seq_len", [128, 20])
+def test_validation_windows_of_another_length_share_no_token_with_the_profiled_ones(cli_run, tiny_tokenizer, seq_len):
+    plan = load_plan(cli_run.plan)
+    prefix = bos_prefix(tiny_tokenizer)
+    tokens = tokenize(tiny_tokenizer, builtin_corpus())
+    body = 32 - len(prefix)
+    profiled = {i for s in plan.profile["window_slots"] for i in range(s * body, (s + 1) * body)}
+    ids = validation_windows(plan, tiny_tokenizer, 6, seq_len)
+    new_body = seq_len - len(prefix)
+    for row in ids.tolist():
+        body_ids = row[len(prefix):]
+        starts = [k * new_body for k in range(len(tokens) // new_body) if tokens[k * new_body:(k + 1) * new_body] == body_ids]
+        assert starts, "each window is an aligned slot of the text"
+        assert not profiled & set(range(starts[0], starts[0] + new_body))
+
+
 def test_validation_windows_take_exactly_the_free_slots(tmp_path, tiny_tokenizer):
     """A text with few slots: the profiled ones are excluded, so validation gets exactly the rest."""
     seq = 16
@@ -210,8 +226,10 @@ def test_validation_windows_take_exactly_the_free_slots(tmp_path, tiny_tokenizer
     assert ids.tolist() == [prefix + tokens[s * body:(s + 1) * body] for s in free]
     with pytest.raises(SensprofError, match="2 free windows"):
         validation_windows(plan, tiny_tokenizer, 3, None)
-    # another --seq-len has other slot boundaries: nothing can be excluded by slot, so any windows may be used
-    assert tuple(validation_windows(plan, tiny_tokenizer, 3, seq + 4).shape) == (3, seq + 4)
+    # another --seq-len has other slot boundaries: every window overlapping a profiled one is left out, which here
+    # (all but two slots profiled) leaves too few
+    with pytest.raises(SensprofError, match="free windows of 20 tokens"):
+        validation_windows(plan, tiny_tokenizer, 3, seq + 4)
 
 
 def test_validate_refuses_another_model(cli_run, tmp_path, tiny_tokenizer, capsys):
