@@ -79,7 +79,7 @@ def _validate_sweep(df, profile, plans, args, out):
         uniform = near_frontier(uniform)
     elif args.uniform == "none":
         uniform = uniform.iloc[0:0]
-    from .report.data import config_bits
+    from .report.data import config_bits, config_bits_at
 
     n = len(template.layers)
     standard = pd.DataFrame([{"config": name, "k_scheme": k, "v_scheme": v,
@@ -103,7 +103,14 @@ def _validate_sweep(df, profile, plans, args, out):
                    base_ppl=[measured["plan " + os.path.basename(p)]["base_ppl"] for p in df.plan])
     uniform = uniform.assign(measured_kl=[measured[c]["kl"] for c in uniform.config],
                              dppl=[measured[c]["dppl"] for c in uniform.config]).sort_values("avg_bits")
-    df = compare_with_uniform(df, uniform).assign(validation_tokens=f"{ids.shape[0]}x{ids.shape[1]}")
+    n_tokens = int(ids.shape[1])  # what a cache of the validation length holds, full-precision tokens included
+    df = df.assign(avg_bits_at_len=[config_bits_at(profile.meta, [(p.k_scheme, p.v_scheme) for p in load_plan(
+        path).layers], n_tokens) for path in df.plan])
+    uniform = uniform.assign(avg_bits_at_len=[config_bits_at(profile.meta, [(r.k_scheme, r.v_scheme)] * n, n_tokens)
+                                              for r in uniform.itertuples()])
+    df = compare_with_uniform(df, uniform)
+    df = compare_with_uniform(df, uniform, bits="avg_bits_at_len", suffix="_at_len")
+    df = df.assign(validation_tokens=f"{ids.shape[0]}x{ids.shape[1]}")
     atomic_write_text(os.path.join(out, "uniform.csv"), uniform.to_csv(index=False))
     return df
 
@@ -111,20 +118,22 @@ def _validate_sweep(df, profile, plans, args, out):
 MORE_BITS = 0.5  # "equal or more memory": uniform configurations with up to this many bits per element more
 
 
-def compare_with_uniform(df, uniform):
+def compare_with_uniform(df, uniform, bits: str = "avg_bits", suffix: str = ""):
     """Beside each plan (measured_kl, avg_bits), two measured uniform configurations and the plan's KL as a fraction
     of theirs: the best with no more memory (`best_uniform_le`: the frontier the plan must beat) and the best with
-    equal memory or up to MORE_BITS more, inclusive (`best_uniform_ge`: a handicap in the uniform's favour)."""
+    equal memory or up to MORE_BITS more, inclusive (`best_uniform_ge`: a handicap in the uniform's favour).
+    `bits`: the memory column compared (`avg_bits_at_len`: as held at the validation length; columns get `suffix`)."""
     cols = {}
     for tag, lo, hi in (("le", -float("inf"), 0.0), ("ge", 0.0, MORE_BITS)):
         names, kls = [], []
         for r in df.itertuples():
-            d = uniform.avg_bits - r.avg_bits  # bits per element the uniform configuration holds more
+            d = uniform[bits] - getattr(r, bits)  # bits per element the uniform configuration holds more
             pool = uniform[(d >= lo - 1e-9) & (d <= hi + 1e-9)]
             row = pool.loc[pool.measured_kl.idxmin()] if len(pool) else None
             names.append(None if row is None else row.config)
             kls.append(float("nan") if row is None else float(row.measured_kl))
-        cols[f"best_uniform_{tag}"] = names
-        cols[f"best_uniform_{tag}_kl"] = kls
-        cols[f"kl_vs_uniform_{tag}"] = [m / b if b and b > 0 else float("nan") for m, b in zip(df.measured_kl, kls)]
+        cols[f"best_uniform_{tag}{suffix}"] = names
+        cols[f"best_uniform_{tag}{suffix}_kl"] = kls
+        cols[f"kl_vs_uniform_{tag}{suffix}"] = [m / b if b and b > 0 else float("nan")
+                                                for m, b in zip(df.measured_kl, kls)]
     return df.assign(**cols)

@@ -10,6 +10,8 @@ import types
 
 import pandas as pd
 import pytest
+
+from sensprof.schemes import get_scheme
 from conftest import one_error_line, run_cli
 
 from sensprof.cli import main
@@ -70,7 +72,28 @@ def test_sweep_measures_the_menus_uniform_configurations(menu_run):
             assert getattr(r, f"best_uniform_{tag}_kl") == pytest.approx(best.measured_kl)
             assert getattr(r, f"kl_vs_uniform_{tag}") == pytest.approx(r.measured_kl / best.measured_kl)
         assert r.validation_tokens == "2x64"
+        # memory as a 64-token cache holds it: full-precision sink, residual and incomplete-group tokens count
+        at_len = uniform[uniform.avg_bits_at_len <= r.avg_bits_at_len + 1e-9]
+        if len(at_len):
+            assert r.best_uniform_le_at_len == at_len.loc[at_len.measured_kl.idxmin()].config
     assert df.best_uniform_le.notna().any() and df.best_uniform_ge.notna().any()
+    assert (df.avg_bits_at_len >= df.avg_bits - 1e-9).all() and (uniform.avg_bits_at_len >= uniform.avg_bits - 1e-9).all()
+    kivi = uniform.set_index("config").loc["uniform KIVI-4 (int4_c32 / int4_t32)"]
+    # keys: 64 tokens = 2 whole groups of 32 (nothing waits); values: quantized on entry
+    assert kivi.avg_bits_at_len == pytest.approx(kivi.avg_bits)
+
+
+def test_bits_held_at_a_length():
+    from sensprof.memory import bits_per_element
+    from sensprof.report.data import config_bits_at
+
+    meta = {"layers": [{"index": 0, "kv_heads": 2, "head_dim": 64}, {"index": 1, "kv_heads": 2, "head_dim": 64}]}
+    pairs = [("int2_c32_r32_s4", "int4_t32"), ("none", "int4_t32")]
+    k = bits_per_element(get_scheme("int2_c32_r32_s4"), 64)
+    v = bits_per_element(get_scheme("int4_t32"), 64)
+    # 1024 tokens: 4 sinks, the 32 most recent and the 28 of an incomplete group at 16 bits; 30 groups of 32 quantized
+    assert config_bits_at(meta, pairs, 1024) == pytest.approx(((960 * k + 64 * 16) / 1024 + v + 16 + v) / 4)
+    assert config_bits_at(meta, pairs, 1 << 20) == pytest.approx((k + v + 16 + v) / 4, rel=1e-3)
 
 
 def test_sweep_every_uniform_and_report(menu_run, tmp_path):
