@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from .errors import SensprofError
-from .memory import MODEL_BITS, bits_per_element, layer_cache_bits
+from .memory import MODEL_BITS, bits_held_per_element, bits_per_element, layer_cache_bits
 from .schemes import QuantScheme
 
 GIB = 2**30
@@ -14,12 +14,16 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class Budget:
-    """kind: avg_bits (B), fraction (F of the 16-bit cache), or serving (GiB for S sequences of N tokens)."""
+    """kind: avg_bits (B), fraction (F of the 16-bit cache), or serving (GiB for S sequences of N tokens).
+
+    `context_len`: price avg_bits / fraction as a cache of that many tokens holds them (full-precision sinks,
+    residual windows and incomplete groups at 16 bits); None: the long-context average, where they are free."""
 
     kind: str
     value: float
     max_model_len: int | None = None
     max_num_seqs: int | None = None
+    context_len: int | None = None
 
     def __post_init__(self):
         if not self.value > 0:
@@ -30,11 +34,21 @@ class Budget:
             raise SensprofError("--gpu-mem-gib needs --max-model-len and --max-num-seqs")
         if self.kind == "serving" and (self.max_model_len < 1 or self.max_num_seqs < 1):
             raise SensprofError("--max-model-len and --max-num-seqs must be positive")
+        if self.context_len is not None and self.kind == "serving":
+            raise SensprofError("--context-len prices --avg-bits or --fraction; --gpu-mem-gib already holds "
+                                "--max-model-len tokens: drop --context-len")
+        if self.context_len is not None and self.context_len < 1:
+            raise SensprofError(f"--context-len {self.context_len} is not a positive number of tokens; e.g. 4096")
 
     def cost(self, scheme: QuantScheme, layer: dict) -> float:
         """What one tensor (K or V) of one layer costs, in this budget's unit."""
         elems = layer["kv_heads"] * layer["head_dim"]
         if self.kind in ("avg_bits", "fraction"):
+            if self.context_len:
+                tokens = self.context_len
+                if layer.get("kind") == "sliding" and layer.get("window"):
+                    tokens = min(tokens, int(layer["window"]))
+                return bits_held_per_element(scheme, tokens, layer["kv_heads"], layer["head_dim"]) * elems
             return bits_per_element(scheme, layer["head_dim"]) * elems
         tokens = self.max_model_len
         if layer.get("kind") == "sliding" and layer.get("window"):
@@ -58,8 +72,9 @@ class Budget:
         return f"--fraction {_ceil4(amount / elems / MODEL_BITS):.4g}"
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "value": self.value, "max_model_len": self.max_model_len,
-                "max_num_seqs": self.max_num_seqs}
+        out = {"kind": self.kind, "value": self.value, "max_model_len": self.max_model_len,
+               "max_num_seqs": self.max_num_seqs}
+        return out if self.context_len is None else {**out, "context_len": self.context_len}
 
 
 def _ceil4(x: float) -> float:
@@ -70,13 +85,14 @@ def _ceil4(x: float) -> float:
     return math.ceil(x * (1 - 1e-12) / step) * step
 
 
-def budget_from_args(avg_bits=None, fraction=None, gpu_mem_gib=None, max_model_len=None, max_num_seqs=None) -> Budget:
+def budget_from_args(avg_bits=None, fraction=None, gpu_mem_gib=None, max_model_len=None, max_num_seqs=None,
+                     context_len=None) -> Budget:
     given = [x is not None for x in (avg_bits, fraction, gpu_mem_gib)]
     if sum(given) != 1:
         raise SensprofError("give exactly one budget: --avg-bits B, --fraction F, or --gpu-mem-gib G "
                             "with --max-model-len N --max-num-seqs S")
     if avg_bits is not None:
-        return Budget("avg_bits", float(avg_bits))
+        return Budget("avg_bits", float(avg_bits), context_len=context_len)
     if fraction is not None:
-        return Budget("fraction", float(fraction))
-    return Budget("serving", float(gpu_mem_gib), max_model_len, max_num_seqs)
+        return Budget("fraction", float(fraction), context_len=context_len)
+    return Budget("serving", float(gpu_mem_gib), max_model_len, max_num_seqs, context_len)

@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="GiB for the KV cache of --max-num-seqs sequences of --max-model-len tokens")
         q.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence (with --gpu-mem-gib)")
         q.add_argument("--max-num-seqs", type=int, default=None, help="concurrent sequences (with --gpu-mem-gib)")
+        q.add_argument("--context-len", type=int, default=None, metavar="N",
+                       help="price --avg-bits/--fraction as a cache of N tokens holds them (full-precision sinks, "
+                            "residual windows and incomplete groups at 16 bits); default: the long-context average")
 
     pl = sub.add_parser("plan", help="choose each layer's K and V scheme under a memory budget (integer program)")
     pl.add_argument("profile_dir", help="directory written by `sensprof profile`")
@@ -121,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_args(sw, llamacpp=True)
     sw.add_argument("--avg-bits", default="3,3.5,4,4.5,5,6,8",
                     help="comma-separated --avg-bits budgets (default 3,3.5,4,4.5,5,6,8)")
+    sw.add_argument("--context-len", type=int, default=None, metavar="N",
+                    help="price the budgets as a cache of N tokens holds them (see plan --context-len)")
     sw.add_argument("--validate", action="store_true",
                     help="also measure each plan and the menu's uniform configurations on unseen windows")
     sw.add_argument("--uniform", default="frontier",
@@ -313,7 +318,8 @@ def cmd_plan(args) -> int:
     from .budget import budget_from_args
     from .commands import make_plan, plan_path
 
-    budget = budget_from_args(args.avg_bits, args.fraction, args.gpu_mem_gib, args.max_model_len, args.max_num_seqs)
+    budget = budget_from_args(args.avg_bits, args.fraction, args.gpu_mem_gib, args.max_model_len, args.max_num_seqs,
+                              args.context_len)
     if args.refine < 0:
         raise SensprofError(f"--refine {args.refine} is negative; pass the number of rounds, e.g. 3")
     plan = make_plan(args.profile_dir, args.target, budget, args.objective, args.num_skip, args.vllm_gpu,

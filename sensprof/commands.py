@@ -68,6 +68,8 @@ def plan_path(plan: Plan) -> str:
     b = plan.budget
     tag = {"avg_bits": f"{b['value']:g}bits", "fraction": f"{b['value']:g}frac"}.get(
         b["kind"], f"{b['value']:g}GiB-{b['max_model_len']}x{b['max_num_seqs']}")
+    if b.get("context_len"):
+        tag += f"-at{b['context_len']}"
     model = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename(plan.model_id.rstrip("/")).removesuffix(".gguf"))
     return os.path.join("plans", f"{model}-{plan.target}-{tag}.json")
 
@@ -75,7 +77,9 @@ def plan_path(plan: Plan) -> str:
 def describe_plan(plan: Plan) -> str:
     p = plan.predicted
     lines = [f"plan for {plan.model_id} -> target {plan.target}: {p['avg_bits']:.2f} bits/element "
-             f"({p['fraction_of_bf16']:.3f} of bf16, {p['bytes_per_token']:,.0f} bytes/token), predicted "
+             f"({p['fraction_of_bf16']:.3f} of bf16, {p['bytes_per_token']:,.0f} bytes/token"
+             + (f"; {p['avg_bits_at_context']:.2f} held at {p['context_len']} tokens" if p.get("context_len") else "")
+             + "), predicted "
              f"{plan.objective} {p['damage']:.3e}; solver {plan.solver['status']} in {plan.solver['time_s']:.2f} s"]
     if plan.engine:
         lines.append("engine: " + ", ".join(f"{k}={v}" for k, v in plan.engine.items()))

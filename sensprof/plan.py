@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from .errors import SensprofError
-from .memory import MODEL_BITS, bits_per_element
+from .memory import MODEL_BITS, bits_held_per_element, bits_per_element
 from .schemes import get_scheme
 from .table import atomic_write_text, check_artifact, read_json
 
@@ -92,6 +92,14 @@ def predicted_summary(layers: list[LayerPlan]) -> dict:
             "fraction_of_bf16": bits / (elems * MODEL_BITS)}
 
 
+def held_avg_bits(layers, n_tokens: int) -> float:
+    """Average bits per element the plan's cache holds after n_tokens (memory.bits_held_per_element)."""
+    held = sum((bits_held_per_element(get_scheme(p.k_scheme), n_tokens, p.kv_heads, p.head_dim)
+                + bits_held_per_element(get_scheme(p.v_scheme), n_tokens, p.kv_heads, p.head_dim))
+               * p.kv_heads * p.head_dim for p in layers)
+    return held / sum(2 * p.kv_heads * p.head_dim for p in layers)
+
+
 def build_plan(profile, solution, target: str, objective: str, budget) -> Plan:
     meta = profile.meta
     layers = []
@@ -104,6 +112,10 @@ def build_plan(profile, solution, target: str, objective: str, budget) -> Plan:
             absmax=profile.calibration.get(str(i), {})))
     predicted = {"damage": solution.damage, "objective": objective, "budget_used": solution.cost,
                  "budget_limit": solution.limit, **predicted_summary(layers)}
+    n = getattr(budget, "context_len", None)
+    if n:  # what a cache of that length holds, full-precision tokens included (the budget priced this)
+        predicted["context_len"] = n
+        predicted["avg_bits_at_context"] = held_avg_bits(layers, n)
     return Plan(
         model_id=meta["model"]["id"], model_fingerprint=meta["model"]["fingerprint"], target=target,
         objective=objective, budget=budget.to_json(), layers=layers, engine=solution.engine, predicted=predicted,

@@ -32,7 +32,8 @@ def run_sweep(args) -> None:
     rows, plans = [], []
     for b in sorted(budgets):
         try:
-            plan = make_plan(args.profile_dir, args.target, Budget("avg_bits", b), args.objective, None,
+            plan = make_plan(args.profile_dir, args.target, Budget("avg_bits", b, context_len=args.context_len),
+                             args.objective, None,
                              args.vllm_gpu, args.llamacpp_build, args.robust)
         except SensprofError as e:
             if "infeasible" in str(e):
@@ -42,7 +43,7 @@ def run_sweep(args) -> None:
         path = os.path.join(out, f"plan-{b:g}bits.json")
         plan.save(path)
         plans.append((path, plan))
-        rows.append({"budget_avg_bits": b, "avg_bits": plan.predicted["avg_bits"],
+        rows.append({"budget_avg_bits": b, "context_len": args.context_len, "avg_bits": plan.predicted["avg_bits"],
                      "fraction_of_bf16": plan.predicted["fraction_of_bf16"],
                      "predicted_damage": plan.predicted["damage"], "engine": plan.engine_summary(), "plan": path})
     if not rows:

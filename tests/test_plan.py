@@ -3,6 +3,8 @@ unchanged, refused when it is not a plan of this format; its predicted storage i
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import pytest
@@ -191,6 +193,25 @@ def test_describe_and_default_path(plans):
     assert len(text.splitlines()) == 3 + len(plan.layers)
     assert plan_path(plan) == "plans/tiny-gemma3-vllm-10bits.json"
     assert plan_path(plans["llamacpp"]) == "plans/tiny-gemma3-llamacpp-0.4frac.json"
+
+
+def test_plan_at_a_context_length(profile_dir, tmp_path):
+    """Priced at 40 tokens, the residual windows and incomplete groups a 40-token cache holds are paid for."""
+    from sensprof.plan import held_avg_bits
+
+    plan = make_plan(profile_dir, "sensprof", Budget("avg_bits", 6, context_len=40))
+    p = plan.predicted
+    assert p["context_len"] == 40 and p["avg_bits_at_context"] == pytest.approx(held_avg_bits(plan.layers, 40))
+    assert p["avg_bits_at_context"] <= 6 + 1e-9 and p["avg_bits_at_context"] >= p["avg_bits"] - 1e-9
+    assert plan.budget["context_len"] == 40 and plan_path(plan) == "plans/tiny-gemma3-sensprof-6bits-at40.json"
+    assert "held at 40 tokens" in describe_plan(plan)
+    path = tmp_path / "p.json"
+    plan.save(str(path))
+    assert load_plan(str(path)).budget == plan.budget
+    # int4_c32 keys: 40 tokens = one group of 32 quantized, 8 waiting at 16 bits
+    one = [dataclasses.replace(plan.layers[0], k_scheme="int4_c32", v_scheme="none")]
+    k = bits_per_element(get_scheme("int4_c32"), HEAD_DIM)
+    assert held_avg_bits(one, 40) == pytest.approx(((32 * k + 8 * 16) / 40 + 16) / 2)
 
 
 # --------------------------------------------------------------------------- refused files

@@ -455,6 +455,46 @@ def test_serving_cost_matches_layer_cache_bits_with_residual_tokens():
     assert b.cost(s, layer) == 2 * layer_cache_bits(s, 2048, 4, 128) / 8
 
 
+def test_context_len_prices_what_a_cache_of_that_length_holds():
+    from sensprof.memory import bits_held_per_element
+
+    full = {"kv_heads": 2, "head_dim": 64, "kind": "full", "window": None}
+    sliding = {"kv_heads": 2, "head_dim": 64, "kind": "sliding", "window": 256}
+    long, at = Budget("avg_bits", 4), Budget("avg_bits", 4, context_len=1024)
+    kivi, resid = get_scheme("int4_c32"), get_scheme("int2_c32_r32_s4")
+    assert at.cost(kivi, full) == pytest.approx(long.cost(kivi, full))  # 1024 tokens: whole groups, nothing waits
+    # 4 sinks + 32 recent + 28 of an incomplete group at 16 bits: 64 of 1024 tokens
+    held = (960 * bits_per_element(resid, 64) + 64 * MODEL_BITS) / 1024
+    assert at.cost(resid, full) == pytest.approx(held * 128) and at.cost(resid, full) > long.cost(resid, full) + 100
+    assert at.cost(resid, sliding) == pytest.approx(bits_held_per_element(resid, 256, 2, 64) * 128)  # its window
+    assert at.limit([full]) == long.limit([full])
+    assert at.to_json()["context_len"] == 1024 and "context_len" not in long.to_json()
+
+
+def test_planning_at_a_context_length_keeps_the_budget_there():
+    """Residual windows look free at long context; priced at 512 tokens the plan fits what a 512-token cache holds."""
+    rng = random.Random(7)
+    ks, vs = ["int2_c32_r32_s4", "int3_c32", "int4_c32"], ["int2_t32", "int3_t32", "int4_t32"]
+    problem = random_problem(rng, 6, ks, vs)
+    for i in range(6):
+        problem.damage[(i, "K", "int2_c32_r32_s4")] = 1e-6  # the residual scheme is the best key at its price
+    target = get_target("sensprof")
+    at512 = Budget("avg_bits", 1, context_len=512)
+
+    def held(choices):  # what the chosen schemes hold at 512 tokens
+        return sum(at512.cost(get_scheme(k), problem.layers[i]) + at512.cost(get_scheme(v), problem.layers[i])
+                   for i, (k, v) in enumerate(choices))
+
+    limit = Budget("avg_bits", 3.5).limit(problem.layers)
+    long_sol = plan(problem, target, Budget("avg_bits", 3.5))
+    assert sum(k == "int2_c32_r32_s4" for k, _ in long_sol.choices) == 6  # priced at 3 bits, the best key everywhere
+    assert held(long_sol.choices) > limit * 1.01  # ... but a 512-token cache holds more than the budget
+    sol = plan(problem, target, Budget("avg_bits", 3.5, context_len=512))
+    assert held(sol.choices) <= limit * (1 + 1e-9)
+    assert sol.cost == pytest.approx(held(sol.choices))
+    assert sum(k == "int2_c32_r32_s4" for k, _ in sol.choices) < 6
+
+
 # --------------------------------------------------------------------------- refused input
 
 
@@ -470,6 +510,8 @@ def test_serving_cost_matches_layer_cache_bits_with_residual_tokens():
     (dict(kind="serving", value=4.0, max_model_len=0, max_num_seqs=4), "--max-model-len"),
     (dict(kind="serving", value=4.0, max_model_len=-8, max_num_seqs=4), "must be positive"),
     (dict(kind="serving", value=4.0, max_model_len=1024, max_num_seqs=-1), "must be positive"),
+    (dict(kind="avg_bits", value=4.0, context_len=0), "--context-len 0 is not a positive"),
+    (dict(kind="serving", value=4.0, max_model_len=1024, max_num_seqs=1, context_len=512), "drop --context-len"),
 ])
 def test_bad_budgets_are_refused(kwargs, match):
     with pytest.raises(SensprofError, match=match):
@@ -504,6 +546,8 @@ def test_budget_from_args_kinds():
     (["--avg-bits", "4", "--fraction", "0.5"], "exactly one budget"),
     (["--gpu-mem-gib", "8", "--max-model-len", "4096"], "--max-num-seqs"),
     (["--avg-bits", "4", "--target", "tensorrt"], "unknown target"),
+    (["--avg-bits", "4", "--context-len", "-5"], "--context-len -5"),
+    (["--gpu-mem-gib", "8", "--max-model-len", "4096", "--max-num-seqs", "2", "--context-len", "512"], "drop --context-len"),
 ])
 def test_cli_refuses_bad_budgets_with_one_line(tmp_path, capsys, argv, match):
     from sensprof.cli import main

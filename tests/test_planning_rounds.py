@@ -117,6 +117,17 @@ def test_sweep_every_uniform_and_report(menu_run, tmp_path):
     assert got == pytest.approx(short[(short.tensor == "V") & (short.scheme == "int4_t32")].kl.sum())
 
 
+def test_sweep_at_a_context_length(menu_run, tmp_path):
+    out = tmp_path / "at48"
+    assert main(["sweep", menu_run.profile, "--avg-bits", "6,8", "--context-len", "48", "--out", str(out)]) == 0
+    df = pd.read_csv(out / "sweep.csv")
+    assert list(df.context_len) == [48, 48]
+    for r in df.itertuples():
+        plan = json.loads(open(r.plan).read())
+        assert plan["budget"]["context_len"] == 48
+        assert plan["predicted"]["avg_bits_at_context"] <= r.budget_avg_bits + 1e-9
+
+
 def test_bad_sweep_uniform(menu_run, capsys):
     rc, out, err = run_cli(capsys, "sweep", menu_run.profile, "--uniform", "some")
     assert "--uniform 'some' is not frontier, all or none" in one_error_line(rc, out, err)

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pandas as pd
 
 from ..errors import SensprofError
-from ..memory import MODEL_BITS, bits_per_element, layer_cache_bits
-from ..plan import Plan, load_plan, predicted_summary
+from ..memory import bits_per_element
+from ..plan import Plan, held_avg_bits, load_plan, predicted_summary
 from ..schemes import get_scheme
 from ..summary import REFERENCE_SCHEMES
 
@@ -146,14 +146,11 @@ def config_bits(meta, pairs) -> float:
 
 
 def config_bits_at(meta, pairs, n_tokens: int) -> float:
-    """Average bits per element a cache of n_tokens really holds (memory.layer_cache_bits): the full-precision
-    sink, residual and incomplete-group tokens that the long-context average leaves out are counted at 16 bits."""
-    held = elements = 0.0
-    for s, (k, v) in zip(_layer_shapes(meta), pairs):
-        for name in (k, v):
-            held += layer_cache_bits(get_scheme(name), n_tokens, s.kv_heads, s.head_dim)
-            elements += n_tokens * s.kv_heads * s.head_dim
-    return held / elements if elements else float(MODEL_BITS)
+    """Average bits per element a cache of n_tokens really holds (plan.held_avg_bits): the full-precision sink,
+    residual and incomplete-group tokens that the long-context average leaves out are counted at 16 bits."""
+    layers = [SimpleNamespace(k_scheme=k, v_scheme=v, kv_heads=s.kv_heads, head_dim=s.head_dim)
+              for s, (k, v) in zip(_layer_shapes(meta), pairs)]
+    return held_avg_bits(layers, n_tokens)
 
 
 def predicted_kl(table, pairs) -> float:
