@@ -110,6 +110,19 @@ def test_sweep_every_uniform_and_report(menu_run, tmp_path):
     assert "Damage vs context length" in html and (rep / "damage_by_length.png").stat().st_size > 1000
     from sensprof.report import data
 
+    prof = load_profile(menu_run.profile)
+    points = data.sweep_points(str(out), prof.table, prof.meta)
+    held = data.held_at_validation_length([("sensprof", points)], data.uniform_configs(prof.table, prof.meta),
+                                          uniform, prof.meta)
+    assert held is not None and held[3] == 48  # the frontier's memory axis: what a 48-token cache holds
+    [(_, plans_at)], uniform_at, measured_at, _ = held
+    assert list(plans_at.avg_bits) == list(points.avg_bits_at_len)
+    assert list(measured_at.avg_bits) == list(uniform.avg_bits_at_len)
+    assert (uniform_at.avg_bits >= data.uniform_configs(prof.table, prof.meta).set_index("config").loc[
+        uniform_at.config].avg_bits.to_numpy() - 1e-9).all()
+    assert data.held_at_validation_length([("x", points.assign(validation_tokens="2x48"))], uniform_at,
+                                          uniform.drop(columns="avg_bits_at_len"), prof.meta) is None
+
     by_len = data.damage_by_length(load_profile(menu_run.profile))
     assert sorted(set(by_len.seq_len)) == [32, 64]
     short = load_profile(os.path.join(menu_run.profile, "lengths", "32")).table

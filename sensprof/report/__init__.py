@@ -123,7 +123,14 @@ def _sweep_section(sweeps, profile, uniform_measured) -> Section:
         if "avg_bits" in extra.columns and len(extra):
             uniform = pd.concat([uniform, extra[["config", "avg_bits"]].assign(
                 predicted_kl=extra.get("predicted_kl", float("nan")))], ignore_index=True)
-    fig = plots.frontier(labels, uniform, uniform_measured, meta["model"]["id"])
+    xlabel = None
+    held = data.held_at_validation_length(labels, uniform, uniform_measured, meta)
+    if held is not None:  # memory as the validated cache length holds it (full-precision tokens included)
+        fig_labels, fig_uniform, fig_measured, n = held
+        xlabel = f"bits per element a cache of {n} tokens holds (full-precision sink, residual and waiting tokens included)"
+    else:
+        fig_labels, fig_uniform, fig_measured = labels, uniform, uniform_measured
+    fig = plots.frontier(fig_labels, fig_uniform, fig_measured, meta["model"]["id"], xlabel)
     measured = any(df.measured_kl.notna().any() for _, df in labels)
     tables = [Table(f"sweep {label}", _round(df.drop(columns=["target"]))) for label, df in labels]
     tables.append(Table("uniform configurations (predicted from the profile)", _round(uniform)))

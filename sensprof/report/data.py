@@ -324,13 +324,34 @@ def sweep_points(sweep_dir: str, table, meta):
         rows.append({"target": target, "objective": objective, "budget_avg_bits": float(r.budget_avg_bits),
                      "avg_bits": float(r.avg_bits), "predicted_kl": pred,
                      "measured_kl": float(getattr(r, "measured_kl", float("nan"))),
-                     "engine": str(getattr(r, "engine", "")), "frontier": bool(getattr(r, "frontier", True))})
+                     "engine": str(getattr(r, "engine", "")), "frontier": bool(getattr(r, "frontier", True)),
+                     "avg_bits_at_len": float(getattr(r, "avg_bits_at_len", float("nan"))),
+                     "validation_tokens": str(getattr(r, "validation_tokens", ""))})
     out = pd.DataFrame(rows)
     if out.empty:
         raise SensprofError(f"{csv!r} has no rows; re-run `sensprof sweep` with feasible --avg-bits")
     known = out.target.dropna()
     out["target"] = known.iloc[0] if len(known) else os.path.basename(os.path.normpath(sweep_dir))
     return out.sort_values("avg_bits").reset_index(drop=True)
+
+
+def held_at_validation_length(sweeps, uniform, uniform_measured, meta):
+    """The frontier's memory axis as a cache of the validation length holds it, where every validated sweep was
+    measured at one length: (sweeps, uniform, uniform_measured) with avg_bits replaced, and that length; else None."""
+    tokens = {str(t).partition("x")[2] for _, df in sweeps for t in df.validation_tokens}
+    if len(tokens) != 1 or not next(iter(tokens)).isdigit() or uniform_measured is None \
+            or "avg_bits_at_len" not in uniform_measured or any(df.avg_bits_at_len.isna().any() for _, df in sweeps):
+        return None
+    n = int(next(iter(tokens)))
+    layers = len(meta["layers"])
+    held = {c: b for c, b in zip(uniform_measured.config, uniform_measured.avg_bits_at_len)}
+    for r in uniform.itertuples():
+        if r.config not in held and isinstance(getattr(r, "k_scheme", None), str):
+            held[r.config] = config_bits_at(meta, [(r.k_scheme, r.v_scheme)] * layers, n)
+    uniform = uniform[uniform.config.isin(held)]
+    return ([(label, df.assign(avg_bits=df.avg_bits_at_len)) for label, df in sweeps],
+            uniform.assign(avg_bits=[held[c] for c in uniform.config]),
+            uniform_measured.assign(avg_bits=uniform_measured.avg_bits_at_len), n)
 
 
 def damage_by_length(profile):

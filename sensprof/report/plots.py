@@ -193,7 +193,7 @@ def outlier_ratios(df, model_id: str) -> Figure:
     return fig
 
 
-def frontier(sweeps: list, uniform, uniform_measured, model_id: str) -> Figure:
+def frontier(sweeps: list, uniform, uniform_measured, model_id: str, xlabel: str | None = None) -> Figure:
     """Memory (avg bits) vs KL: each sweep's planned configurations (predicted solid, measured dashed) and the
     uniform configurations (predicted filled, measured hollow)."""
     fig = new_figure(10.5, 5.6)
@@ -239,7 +239,7 @@ def frontier(sweeps: list, uniform, uniform_measured, model_id: str) -> Figure:
         ax.plot([], [], ls="none", marker="o", ms=9, mfc="none", mew=1.3, color=OKABE_ITO["black"],
                 label="uniform, hollow: measured (validate)")
     ax.set_yscale("log")
-    ax.set_xlabel("average stored bits per cached element (scales and zero-points included)")
+    ax.set_xlabel(xlabel or "average stored bits per cached element (scales and zero-points included)")
     ax.set_ylabel("KL(baseline ‖ quantized), mean per token\n(log scale)")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
