@@ -106,7 +106,9 @@ def test_runtime_decoding_matches_the_profiler_on_the_real_model(smollm2):
     for k, v in (("int4_c32", "int4_t32"), ("q4_0", "int8_per_token_head")):
         plan = _uniform_plan(model, k, v)
         ref = []
-        with attention_taps(model) as sess, torch.inference_mode():
+        # fast=False: the profiler's eager attention, the arithmetic the runtime's dense path repeats (with SDPA a
+        # ~1e-7 difference moves a code across a rounding boundary now and then, and 4-bit codes amplify it)
+        with attention_taps(model, fast=False) as sess, torch.inference_mode():
             for p in plan.layers:
                 sess.set_tap(p.layer, QuantTap(sess, p.layer, [(get_scheme(k), get_scheme(v))], 1, local=False))
             dyn = DynamicCache(config=model.config)
