@@ -117,6 +117,7 @@ class TapSession:
     model: object
     attn_modules: list
     rope: dict = field(default_factory=dict)
+    fast: bool = False  # untapped attention runs SDPA (checked equal to the model's eager)
 
     def set_tap(self, layer: int, tap) -> None:
         _TAPS[id(self.attn_modules[layer])] = tap
@@ -202,6 +203,7 @@ def attention_taps(model, fast: bool = True):
 
             for m in attn_modules:
                 _FAST[id(m)] = ALL_ATTENTION_FUNCTIONS["sdpa"]
+            session.fast = True
         session.rope.clear()
         yield session
     finally:

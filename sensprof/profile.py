@@ -255,6 +255,7 @@ def run_profile(model, input_ids: torch.Tensor, schemes: Menu | list[QuantScheme
                         for s in menu.schemes},
             "text": text_name, "token_count": int(input_ids.numel()), "seed": seed,
             "versions": _versions(), "replay": replay, "kl_compared": "materialized" if head is None else kl,
+            "attention": {"untapped": "sdpa" if session.fast else "eager", "suffix_replay": recorder is not None},
             **(extra_meta or {}),
         }
         if out_dir:

@@ -83,6 +83,8 @@ def test_suffix_replay_gives_the_table_of_whole_replays(arch, monkeypatch):
         assert len(calls) == n_calls
     finally:
         handle.remove()
+    assert short.meta["attention"] == {"untapped": "sdpa", "suffix_replay": True}
+    assert whole.meta["attention"]["suffix_replay"] is False
     keys = ["layer", "tensor", "scheme"]
     a = short.table.sort_values(keys).reset_index(drop=True)
     b = whole.table.sort_values(keys).reset_index(drop=True)
