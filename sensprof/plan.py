@@ -93,10 +93,15 @@ def predicted_summary(layers: list[LayerPlan]) -> dict:
 
 
 def held_avg_bits(layers, n_tokens: int) -> float:
-    """Average bits per element the plan's cache holds after n_tokens (memory.bits_held_per_element)."""
-    held = sum((bits_held_per_element(get_scheme(p.k_scheme), n_tokens, p.kv_heads, p.head_dim)
-                + bits_held_per_element(get_scheme(p.v_scheme), n_tokens, p.kv_heads, p.head_dim))
-               * p.kv_heads * p.head_dim for p in layers)
+    """Average bits per element the plan's cache holds after n_tokens (memory.bits_held_per_element); a
+    sliding-window layer holds its window, as Budget(context_len=...) prices it."""
+    held = 0.0
+    for p in layers:
+        n = n_tokens
+        if getattr(p, "kind", None) == "sliding" and getattr(p, "window", None):
+            n = min(n, int(p.window))
+        held += sum(bits_held_per_element(get_scheme(s), n, p.kv_heads, p.head_dim) for s in (p.k_scheme, p.v_scheme)) \
+            * p.kv_heads * p.head_dim
     return held / sum(2 * p.kv_heads * p.head_dim for p in layers)
 
 

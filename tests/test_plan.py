@@ -208,10 +208,14 @@ def test_plan_at_a_context_length(profile_dir, tmp_path):
     path = tmp_path / "p.json"
     plan.save(str(path))
     assert load_plan(str(path)).budget == plan.budget
-    # int4_c32 keys: 40 tokens = one group of 32 quantized, 8 waiting at 16 bits
-    one = [dataclasses.replace(plan.layers[0], k_scheme="int4_c32", v_scheme="none")]
+    # int4_c32 keys on the full layer: 40 tokens = one group of 32 quantized, 8 waiting at 16 bits; on a sliding
+    # layer (window 8) no group ever completes
+    full = plan.layers[2]
+    assert full.kind == "full" and plan.layers[0].kind == "sliding" and plan.layers[0].window == 8
     k = bits_per_element(get_scheme("int4_c32"), HEAD_DIM)
+    one = [dataclasses.replace(full, k_scheme="int4_c32", v_scheme="none")]
     assert held_avg_bits(one, 40) == pytest.approx(((32 * k + 8 * 16) / 40 + 16) / 2)
+    assert held_avg_bits([dataclasses.replace(plan.layers[0], k_scheme="int4_c32", v_scheme="none")], 40) == 16
 
 
 # --------------------------------------------------------------------------- refused files

@@ -148,8 +148,9 @@ def config_bits(meta, pairs) -> float:
 def config_bits_at(meta, pairs, n_tokens: int) -> float:
     """Average bits per element a cache of n_tokens really holds (plan.held_avg_bits): the full-precision sink,
     residual and incomplete-group tokens that the long-context average leaves out are counted at 16 bits."""
-    layers = [SimpleNamespace(k_scheme=k, v_scheme=v, kv_heads=s.kv_heads, head_dim=s.head_dim)
-              for s, (k, v) in zip(_layer_shapes(meta), pairs)]
+    layers = [SimpleNamespace(k_scheme=k, v_scheme=v, kv_heads=info["kv_heads"], head_dim=info["head_dim"],
+                              kind=info.get("kind"), window=info.get("window"))
+              for info, (k, v) in zip(meta["layers"], pairs)]
     return held_avg_bits(layers, n_tokens)
 
 
