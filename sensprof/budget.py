@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from .errors import SensprofError
-from .memory import MODEL_BITS, bits_held_per_element, bits_per_element, layer_cache_bits
+from .memory import MODEL_BITS, bits_held_per_element, bits_per_element, layer_cache_bits, tokens_held
 from .schemes import QuantScheme
 
 GIB = 2**30
@@ -45,14 +45,10 @@ class Budget:
         elems = layer["kv_heads"] * layer["head_dim"]
         if self.kind in ("avg_bits", "fraction"):
             if self.context_len:
-                tokens = self.context_len
-                if layer.get("kind") == "sliding" and layer.get("window"):
-                    tokens = min(tokens, int(layer["window"]))
+                tokens = tokens_held(self.context_len, layer.get("kind"), layer.get("window"))
                 return bits_held_per_element(scheme, tokens, layer["kv_heads"], layer["head_dim"]) * elems
             return bits_per_element(scheme, layer["head_dim"]) * elems
-        tokens = self.max_model_len
-        if layer.get("kind") == "sliding" and layer.get("window"):
-            tokens = min(tokens, int(layer["window"]))
+        tokens = tokens_held(self.max_model_len, layer.get("kind"), layer.get("window"))
         return self.max_num_seqs * layer_cache_bits(scheme, tokens, layer["kv_heads"], layer["head_dim"]) / 8
 
     def limit(self, layers: list[dict]) -> float:

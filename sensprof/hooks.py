@@ -130,8 +130,8 @@ class TapSession:
 SDPA_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}  # max |sdpa - eager| / max |eager|; 3e-2 for 16-bit
 
 
-def _sdpa_equals_eager(model, session) -> bool:
-    """Whether transformers' SDPA attention computes this model's eager attention, on a short probe.
+def _checked_sdpa(model, session):
+    """Transformers' SDPA attention where it computes this model's eager attention on a short probe, else None.
 
     Checked, not assumed: soft-capping, attention sinks or a remote model's own eager maths make them differ.
     """
@@ -141,10 +141,10 @@ def _sdpa_equals_eager(model, session) -> bool:
 
     sdpa = ALL_ATTENTION_FUNCTIONS.get("sdpa")
     if sdpa is None or not getattr(type(model), "_supports_sdpa", False) or model.training:
-        return False
+        return None
     if getattr(text_config(model), "attn_logit_softcapping", None) or any(
             getattr(m, "sinks", None) is not None for m in session.attn_modules):
-        return False
+        return None
     errors = []
 
     def probe(eager, module, query, key, value, mask, kwargs):
@@ -167,7 +167,7 @@ def _sdpa_equals_eager(model, session) -> bool:
     finally:
         session.clear_taps()
     tol = SDPA_TOLERANCE.get(emb.weight.dtype, 3e-2)
-    return len(errors) == len(session.attn_modules) and max(errors) <= tol
+    return sdpa if len(errors) == len(session.attn_modules) and max(errors) <= tol else None
 
 
 @contextlib.contextmanager
@@ -198,11 +198,10 @@ def attention_taps(model, fast: bool = True):
         for i, m in enumerate(attn_modules):
             handles.append(m.register_forward_pre_hook(capture_rope(i), with_kwargs=True))
         model.set_attn_implementation(ATTN_NAME)
-        if fast and _sdpa_equals_eager(model, session):
-            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
+        sdpa = _checked_sdpa(model, session) if fast else None
+        if sdpa is not None:
             for m in attn_modules:
-                _FAST[id(m)] = ALL_ATTENTION_FUNCTIONS["sdpa"]
+                _FAST[id(m)] = sdpa
             session.fast = True
         session.rope.clear()
         yield session
@@ -213,6 +212,11 @@ def attention_taps(model, fast: bool = True):
         for h in handles:
             h.remove()
         model.set_attn_implementation(previous)
+
+
+def repeat_batch(x: torch.Tensor, times: int) -> torch.Tensor:
+    """x repeated `times` along the batch: the layout of input_ids.repeat(times, 1) for batched variants."""
+    return x if times == 1 else x.repeat(times, *([1] * (x.dim() - 1)))
 
 
 @contextlib.contextmanager
@@ -231,7 +235,7 @@ def replay_from(model, start: int, layer_outputs: dict, repeat: int = 1):
 
     def repeated(o):
         if isinstance(o, torch.Tensor):
-            return o.repeat(repeat, *([1] * (o.dim() - 1))) if repeat > 1 else o
+            return repeat_batch(o, repeat)
         if isinstance(o, tuple):
             return tuple(repeated(x) for x in o)
         return o

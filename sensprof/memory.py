@@ -71,6 +71,11 @@ def layer_cache_bits(scheme: QuantScheme, n_tokens: int, kv_heads: int, head_dim
     return float(bits)
 
 
+def tokens_held(n_tokens: int, kind: str | None, window: int | None) -> int:
+    """Tokens a layer's cache holds after n_tokens: a sliding-window layer keeps only its window."""
+    return min(n_tokens, int(window)) if kind == "sliding" and window else n_tokens
+
+
 def bits_held_per_element(scheme: QuantScheme, n_tokens: int, kv_heads: int, head_dim: int) -> float:
     """Average bits per element a cache of n_tokens holds: the long-context average plus the full-precision sink,
     residual and incomplete-group tokens (and constant scales) that it leaves out."""

@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from .errors import SensprofError
-from .memory import MODEL_BITS, bits_held_per_element, bits_per_element
+from .memory import MODEL_BITS, bits_held_per_element, bits_per_element, tokens_held
 from .schemes import get_scheme
 from .table import atomic_write_text, check_artifact, read_json
 
@@ -97,9 +97,7 @@ def held_avg_bits(layers, n_tokens: int) -> float:
     sliding-window layer holds its window, as Budget(context_len=...) prices it."""
     held = 0.0
     for p in layers:
-        n = n_tokens
-        if getattr(p, "kind", None) == "sliding" and getattr(p, "window", None):
-            n = min(n, int(p.window))
+        n = tokens_held(n_tokens, getattr(p, "kind", None), getattr(p, "window", None))
         held += sum(bits_held_per_element(get_scheme(s), n, p.kv_heads, p.head_dim) for s in (p.k_scheme, p.v_scheme)) \
             * p.kv_heads * p.head_dim
     return held / sum(2 * p.kv_heads * p.head_dim for p in layers)

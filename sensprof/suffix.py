@@ -15,7 +15,7 @@ import contextlib
 
 import torch
 
-from .hooks import plain_attention
+from .hooks import plain_attention, repeat_batch
 
 
 class _Stop(Exception):
@@ -47,10 +47,6 @@ def positions_from(output, start: int):
     if isinstance(output, torch.Tensor):
         return output[:, start:]
     return (output[0][:, start:],) + tuple(output[1:])
-
-
-def _repeat(x: torch.Tensor, times: int) -> torch.Tensor:
-    return x if times == 1 else x.repeat(times, *([1] * (x.dim() - 1)))
 
 
 class PrefixRecorder:
@@ -87,11 +83,11 @@ class PrefixTap:
 
     def __call__(self, eager, module, query, key, value, mask, kwargs):
         times = query.shape[0] // self.key.shape[0]
-        k = torch.cat([_repeat(self.key, times).to(key.dtype), key], dim=-2)
-        v = torch.cat([_repeat(self.value, times).to(value.dtype), value], dim=-2)
+        k = torch.cat([repeat_batch(self.key, times).to(key.dtype), key], dim=-2)
+        v = torch.cat([repeat_batch(self.value, times).to(value.dtype), value], dim=-2)
         m = self.mask
         if m.shape[0] not in (1, query.shape[0]):
-            m = _repeat(m, query.shape[0] // m.shape[0])
+            m = repeat_batch(m, query.shape[0] // m.shape[0])
         return plain_attention(eager, module, query, k, v, m, **kwargs)
 
 

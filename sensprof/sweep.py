@@ -105,8 +105,9 @@ def _validate_sweep(df, profile, plans, args, out):
     uniform = uniform.assign(measured_kl=[measured[c]["kl"] for c in uniform.config],
                              dppl=[measured[c]["dppl"] for c in uniform.config]).sort_values("avg_bits")
     n_tokens = int(ids.shape[1])  # what a cache of the validation length holds, full-precision tokens included
-    df = df.assign(avg_bits_at_len=[config_bits_at(profile.meta, [(p.k_scheme, p.v_scheme) for p in load_plan(
-        path).layers], n_tokens) for path in df.plan])
+    by_path = dict(plans)
+    df = df.assign(avg_bits_at_len=[config_bits_at(profile.meta, [(p.k_scheme, p.v_scheme) for p in by_path[
+        path].layers], n_tokens) for path in df.plan])
     uniform = uniform.assign(avg_bits_at_len=[config_bits_at(profile.meta, [(r.k_scheme, r.v_scheme)] * n, n_tokens)
                                               for r in uniform.itertuples()])
     df = compare_with_uniform(df, uniform)

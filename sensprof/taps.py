@@ -51,10 +51,13 @@ def first_quantized_row(pairs, n: int) -> int:
                 continue
             if scheme.query:
                 return 0  # the query itself is transformed at every position
-            reads = quantized_reads(scheme, n)
-            rows = torch.ones(n, dtype=torch.bool) if reads is None else reads.any(-1)
-            if bool(rows.any()):
-                first = min(first, int(rows.nonzero()[0]))
+            fp_from = full_precision_from(scheme, n)
+            if fp_from is None:  # every token past the sinks is read quantized (quantized_reads' rows)
+                first = min(first, 0 if scheme.sink < n else n)
+                continue
+            rows = (fp_from > scheme.sink).nonzero()  # query t reads quantized tokens sink..fp_from[t]-1
+            if len(rows):
+                first = min(first, int(rows[0]))
     return first
 
 
@@ -144,6 +147,7 @@ class QuantTap:
         # The unquantized attention of this layer's input, shared by every cell of a layer (the input is the
         # baseline's whatever is quantized here), so local metrics cost one extra attention per layer, not per cell.
         self.reference = reference if reference is not None else {}
+        self.shared = reference is not None  # the caller's promise: every call sees this layer's baseline input
         self.pairs, self.chunk = pairs, chunk
         self.calibration = calibration or {}
         self.local: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -200,7 +204,11 @@ class QuantTap:
             out = torch.cat([o for o, _ in parts], dim=1)
             unmoved = first_quantized_row([(k_scheme, v_scheme)], k.shape[-2]) - offset
             if unmoved > 0:  # these queries read nothing quantized: exactly the unquantized attention, bit for bit
-                plain = plain_attention(eager, module, q, k, v, m, **kwargs)[0]
+                plain = self.reference.get("plain") if self.shared else None
+                if plain is None:
+                    plain = plain_attention(eager, module, q, k, v, m, **kwargs)[0]
+                    if self.shared:
+                        self.reference["plain"] = plain
                 out = torch.cat([plain[:, :unmoved], out[:, unmoved:]], dim=1)
             outs.append(out)
             weights.append(parts[0][1] if len(parts) == 1 else None)

@@ -135,7 +135,8 @@ def outlier_ratios(stats):
 
 
 def _layer_shapes(meta) -> list[SimpleNamespace]:
-    return [SimpleNamespace(layer=i["index"], kv_heads=i["kv_heads"], head_dim=i["head_dim"]) for i in meta["layers"]]
+    return [SimpleNamespace(layer=i["index"], kv_heads=i["kv_heads"], head_dim=i["head_dim"], kind=i.get("kind"),
+                            window=i.get("window")) for i in meta["layers"]]
 
 
 def config_bits(meta, pairs) -> float:
@@ -148,9 +149,8 @@ def config_bits(meta, pairs) -> float:
 def config_bits_at(meta, pairs, n_tokens: int) -> float:
     """Average bits per element a cache of n_tokens really holds (plan.held_avg_bits): the full-precision sink,
     residual and incomplete-group tokens that the long-context average leaves out are counted at 16 bits."""
-    layers = [SimpleNamespace(k_scheme=k, v_scheme=v, kv_heads=info["kv_heads"], head_dim=info["head_dim"],
-                              kind=info.get("kind"), window=info.get("window"))
-              for info, (k, v) in zip(meta["layers"], pairs)]
+    layers = [SimpleNamespace(k_scheme=k, v_scheme=v, kv_heads=s.kv_heads, head_dim=s.head_dim, kind=s.kind,
+                              window=s.window) for s, (k, v) in zip(_layer_shapes(meta), pairs)]
     return held_avg_bits(layers, n_tokens)
 
 
