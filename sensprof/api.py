@@ -25,7 +25,7 @@ def load_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 
 
 def profile(model="smollm2-135m", schemes=None, *, k_schemes=None, v_schemes=None, tokenizer=None, text=None,
             seq_len=256, windows=2, seed=0, layers=None, out_dir=None, device="auto", dtype=None,
-            variants_per_pass=1, kl="exact", progress=True):
+            variants_per_pass=1, kl="exact", screen=False, progress=True):
     """Profile a model (an id/path/alias, or a loaded transformers model with its tokenizer).
 
     `schemes` go to both K and V; `k_schemes` / `v_schemes` to one (default: the per-tensor default menus).
@@ -50,5 +50,5 @@ def profile(model="smollm2-135m", schemes=None, *, k_schemes=None, v_schemes=Non
     menu = parse_menu(schemes, k_schemes, v_schemes)
     return run_profile(model, ids, menu, layers=layers, out_dir=out_dir,
                        model_id=model_id, text_name=name, text_digest=digest, seed=seed,
-                       variants_per_pass=variants_per_pass, kl=kl, progress=progress,
+                       variants_per_pass=variants_per_pass, kl=kl, screen=screen, progress=progress,
                        extra_meta={"window_slots": slots, "text_files": text})

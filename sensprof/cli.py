@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kl", default="exact",
                    help="exact (default: LM head and KL in vocabulary chunks) | sampled[:K] (opt-in approximation: "
                         "the top K tokens plus K tail samples per position; K=256) | materialized (full logits)")
+    p.add_argument("--screen", action="store_true",
+                   help="opt-in approximation: every cell's local metrics, but end-to-end passes only for the cells "
+                        "on each layer's bits-vs-damage hull; the rest get a KL predicted from their local error "
+                        "(marked measured=False)")
     p.add_argument("--target", default=None,
                    help="profile every scheme this target can use: vllm | sglang | llamacpp | sensprof (the default "
                         "schemes); with --schemes, both")
@@ -235,6 +239,8 @@ def cmd_profile(args) -> int:
     parse_kl(args.kl)
     if args.naive and args.kl != "exact":
         raise SensprofError("--naive compares full logits; drop --kl")
+    if args.screen and (args.naive or args.kl == "materialized"):
+        raise SensprofError("--screen predicts cells from the replay's local metrics; drop --naive or --kl materialized")
     lengths = parse_seq_lens(args.seq_len)
     for flag, value in (("--windows", args.windows), ("--variants-per-pass", args.variants_per_pass)):
         if value < 1:
@@ -264,7 +270,8 @@ def cmd_profile(args) -> int:
                            length_dir(out, n), model_id=args.model,
                            text_name=text_name, text_digest=digest, seed=args.seed,
                            variants_per_pass=args.variants_per_pass, replay=not args.naive,
-                           kl="materialized" if args.naive else args.kl, progress=not args.quiet,
+                           kl="materialized" if args.naive else args.kl, screen=args.screen,
+                           progress=not args.quiet,
                            extra_meta={"window_slots": slots, "lengths": lengths if len(lengths) > 1 else None,
                                        "text_files": [os.path.abspath(t) for t in args.text] if args.text else None})
     if not args.quiet:

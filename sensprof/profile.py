@@ -38,6 +38,7 @@ from .table import (
     write_json,
     write_tables,
 )
+from .screen import fill_rows, to_measure
 from .suffix import PrefixRecorder, replay_suffix, stop_after
 from .taps import QuantTap, StatsTap, first_quantized_row
 
@@ -65,14 +66,14 @@ def _versions() -> dict:
 
 
 def profile_settings(model, input_ids: torch.Tensor, menu: Menu, *, text_digest: str, seed: int,
-                     variants_per_pass: int, kl: str = "exact") -> dict:
+                     variants_per_pass: int, kl: str = "exact", screen: bool = False) -> dict:
     """What must match for two runs to belong to one profile (--layers excluded)."""
     p = next(model.parameters())
     return {"model_fingerprint": fingerprint(model), "seq_len": int(input_ids.shape[1]),
             "windows": int(input_ids.shape[0]), "seed": seed, "text_digest": text_digest,
             "k_schemes": [s.name for s in menu.k], "v_schemes": [s.name for s in menu.v],
             "dtype": str(p.dtype).replace("torch.", ""), "device_type": p.device.type,
-            "variants_per_pass": variants_per_pass, "kl": kl}
+            "variants_per_pass": variants_per_pass, "kl": kl, **({"screen": True} if screen else {})}
 
 
 def _baseline_pass(model, session, input_ids, n_layers, head, recorder=None):
@@ -127,46 +128,79 @@ def _cell_forward(model, session, layer, ids, layer_outputs, repeat, head, basel
 
 def profile_layer(model, session, layer, info, input_ids, baseline, layer_outputs, schemes_by_tensor,
                   calibration, variants_per_pass=1, replay=True, on_cell=None, head=None, seconds=None,
-                  recorder=None) -> dict:
+                  recorder=None, screen=False) -> dict:
     """All cells of one layer: end-to-end and local damage for each (tensor, scheme).
 
     With `head` (an OutputHead) the forward stops at the final hidden states and `baseline` compares them in
     vocabulary chunks; without, the full logits are compared (--naive). With `recorder` (the baseline's first
-    keys and values), the positions no quantized read reaches are not recomputed after this layer."""
+    keys and values), the positions no quantized read reaches are not recomputed after this layer. With
+    `screen`, only the cells sensprof.screen selects run end to end; the rest get a predicted KL."""
     rows, heads = [], []
     w = input_ids.shape[0]
     cal = {k: torch.tensor(v) for k, v in calibration.get(str(layer), {}).items()}
     reference: dict = {}  # the layer's unquantized attention, computed once for every cell's local metrics
     seconds = seconds if seconds is not None else {}
-    for tensor, schemes in schemes_by_tensor:
+
+    def run(tensor, schemes, end_to_end, tick):
+        """{scheme: (metrics or None, (attn_kl, out_rel_l2) per head)} for passes of variants_per_pass."""
+        out_by_scheme = {}
         for start in range(0, len(schemes), variants_per_pass):
             chunk = schemes[start:start + variants_per_pass]
             pairs = [(s, None) if tensor == "K" else (None, s) for s in chunk]
             tap = QuantTap(session, layer, pairs, w, cal, reference=reference)
             session.set_tap(layer, tap)
             t0 = time.perf_counter()
+            ids = input_ids.repeat(len(chunk), 1)
             try:
-                ids = input_ids.repeat(len(chunk), 1)
-                if replay:
-                    start = 0 if recorder is None else min(recorder.length, first_quantized_row(pairs, ids.shape[1]))
+                if not end_to_end:  # the quantized layer alone: its local metrics
+                    with replay_from(model, layer, layer_outputs, repeat=len(chunk)), stop_after(model, layer):
+                        head.hidden(ids)
+                    out = None
+                elif replay:
+                    first = 0 if recorder is None else min(recorder.length, first_quantized_row(pairs, ids.shape[1]))
                     out = _cell_forward(model, session, layer, ids, layer_outputs, len(chunk), head, baseline,
-                                        recorder, start)
+                                        recorder, first)
                 else:
                     out = model(input_ids=ids, use_cache=False).logits if head is None else head.hidden(ids)
             finally:
                 session.clear_taps()
-            seconds["layers"] = seconds.get("layers", 0.0) + time.perf_counter() - t0
+            key = "layers" if end_to_end else "screen"
+            seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - t0
             for i, scheme in enumerate(chunk):
-                m = baseline.compare(out[i * w:(i + 1) * w])
-                attn_kl, rel = tap.local[i]
-                rows.append({"layer": layer, "layer_kind": info.kind, "tensor": tensor, "scheme": scheme.name,
-                             "bits": bits_per_element(scheme, info.head_dim), "kl": m["kl"], "kl_std": m["kl_std"],
-                             "dnll": m["dnll"], "attn_kl": float(attn_kl.mean()), "out_rel_l2": float(rel.mean())})
-                for h in range(attn_kl.shape[0]):
-                    heads.append({"layer": layer, "tensor": tensor, "scheme": scheme.name, "head": h,
-                                  "attn_kl": float(attn_kl[h]), "out_rel_l2": float(rel[h])})
-                if on_cell:
+                m = baseline.compare(out[i * w:(i + 1) * w]) if out is not None else None
+                out_by_scheme[scheme.name] = (m, tap.local[i])
+                if tick and on_cell:
                     on_cell()
+        return out_by_scheme
+
+    for tensor, schemes in schemes_by_tensor:
+        if screen:
+            results = run(tensor, schemes, end_to_end=False, tick=False)
+            local = {name: float(r[1][1].mean()) for name, r in results.items()}
+            bits = {s.name: bits_per_element(s, info.head_dim) for s in schemes}
+            kl: dict[str, float] = {}
+            while names := to_measure(bits, local, kl):
+                measured = run(tensor, [s for s in schemes if s.name in names], end_to_end=True, tick=False)
+                results.update(measured)
+                kl.update({name: r[0]["kl"] for name, r in measured.items()})
+        else:
+            results = run(tensor, schemes, end_to_end=True, tick=True)
+        tensor_rows = []
+        for scheme in schemes:
+            m, (attn_kl, rel) = results[scheme.name]
+            m = m or {"kl": float("nan"), "kl_std": float("nan"), "dnll": float("nan")}
+            tensor_rows.append({"layer": layer, "layer_kind": info.kind, "tensor": tensor, "scheme": scheme.name,
+                                "bits": bits_per_element(scheme, info.head_dim), "kl": m["kl"],
+                                "kl_std": m["kl_std"], "dnll": m["dnll"], "attn_kl": float(attn_kl.mean()),
+                                "out_rel_l2": float(rel.mean()), "measured": results[scheme.name][0] is not None})
+            for h in range(attn_kl.shape[0]):
+                heads.append({"layer": layer, "tensor": tensor, "scheme": scheme.name, "head": h,
+                              "attn_kl": float(attn_kl[h]), "out_rel_l2": float(rel[h])})
+            if screen and on_cell:
+                on_cell()
+        if screen:
+            fill_rows(tensor_rows)
+        rows += tensor_rows
     return {"layer": layer, "rows": rows, "heads": heads}
 
 
@@ -198,14 +232,15 @@ def peak_memory() -> dict:
 def run_profile(model, input_ids: torch.Tensor, schemes: Menu | list[QuantScheme], *,
                 layers: list[int] | None = None, out_dir: str | None = None, model_id: str = "model",
                 text_name: str = "", text_digest: str = "", seed: int = 0, variants_per_pass: int = 1,
-                replay: bool = True, kl: str = "exact", progress: bool = True,
+                replay: bool = True, kl: str = "exact", screen: bool = False, progress: bool = True,
                 extra_meta: dict | None = None) -> Profile:
     """Profile `layers` (default all) of `model` on the token windows `input_ids` [W, T].
 
     `schemes` is a Menu (per tensor) or a list used for both K and V. `kl`: exact (vocabulary chunks, the
     default), sampled:K (opt-in approximation: top-K plus K tail samples per position) or materialized (full
-    [tokens, vocab] logits, as --naive). With `out_dir`, results are written per layer and an interrupted
-    run resumes where it stopped.
+    [tokens, vocab] logits, as --naive). `screen` (opt-in): end-to-end passes only for the cells that can lie
+    on a layer's cost-damage hull, a predicted KL for the rest (sensprof.screen). With `out_dir`, results are
+    written per layer and an interrupted run resumes where it stopped.
     """
     from tqdm.auto import tqdm
 
@@ -219,9 +254,11 @@ def run_profile(model, input_ids: torch.Tensor, schemes: Menu | list[QuantScheme
         raise SensprofError("--variants-per-pass must be at least 1")
     menu = schemes if isinstance(schemes, Menu) else Menu(tuple(schemes), tuple(schemes))
     sample = parse_kl(kl)
+    if screen and (not replay or kl == "materialized"):
+        raise SensprofError("--screen predicts cells from the replay's local metrics; drop --naive or --kl materialized")
     input_ids = input_ids.to(_input_device(model))
     settings = profile_settings(model, input_ids, menu, text_digest=text_digest, seed=seed,
-                                variants_per_pass=variants_per_pass, kl=kl)
+                                variants_per_pass=variants_per_pass, kl=kl, screen=screen)
     parts: dict[int, dict] = {}
     prior_time = 0.0
     if out_dir:
@@ -255,6 +292,7 @@ def run_profile(model, input_ids: torch.Tensor, schemes: Menu | list[QuantScheme
                         for s in menu.schemes},
             "text": text_name, "token_count": int(input_ids.numel()), "seed": seed,
             "versions": _versions(), "replay": replay, "kl_compared": "materialized" if head is None else kl,
+            "screen": screen,
             "attention": {"untapped": "sdpa" if session.fast else "eager", "suffix_replay": recorder is not None},
             **(extra_meta or {}),
         }
@@ -282,7 +320,7 @@ def run_profile(model, input_ids: torch.Tensor, schemes: Menu | list[QuantScheme
                 part = profile_layer(model, session, layer, infos[layer], input_ids, baseline, layer_outputs,
                                      list(_cells_for_layer(menu, has_rope[layer])), calibration,
                                      variants_per_pass, replay, on_cell=bar.update, head=head, seconds=seconds,
-                                     recorder=recorder)
+                                     recorder=recorder, screen=screen)
                 part["wall_time_s"] = time.time() - lt
                 parts[layer] = part
                 if out_dir:

@@ -54,6 +54,9 @@ def summarize(profile, max_layers: int = 64) -> str:
     ]
     if t.empty:
         return "\n".join(lines + ["(no layers profiled yet)"])
+    if not t.measured.all():
+        lines.insert(1, f"screened (--screen): {int(t.measured.sum())} of {len(t)} cells measured end to end, every "
+                        "cell on a layer's bits-vs-KL hull among them; the others' KL is predicted from their local error")
     for scheme in t.scheme.unique():
         s = t[t.scheme == scheme]
         k, v = s[s.tensor == "K"], s[s.tensor == "V"]

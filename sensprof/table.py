@@ -18,7 +18,9 @@ KIND = "sensprof-profile"
 META, CALIBRATION, PARTS = "meta.json", "calibration.json", "parts"
 LENGTHS = "lengths"  # a profile of several --seq-len: the longest in the directory, each other in lengths/<L>/
 TABLE, HEADS, STATS = "profile.csv", "heads.csv", "stats.csv"
-TABLE_COLUMNS = ["layer", "layer_kind", "tensor", "scheme", "bits", "kl", "kl_std", "dnll", "attn_kl", "out_rel_l2"]
+# measured: False for a cell whose KL a screened profile (--screen) predicted instead of measuring
+TABLE_COLUMNS = ["layer", "layer_kind", "tensor", "scheme", "bits", "kl", "kl_std", "dnll", "attn_kl", "out_rel_l2",
+                 "measured"]
 HEAD_COLUMNS = ["layer", "tensor", "scheme", "head", "attn_kl", "out_rel_l2"]
 STATS_COLUMNS = ["layer", "layer_kind", "tensor", "outlier_ratio", "outlier_ratio_max", "kurtosis", "absmax"]
 OWN_FILES = {META, CALIBRATION, PARTS, TABLE, HEADS, STATS, LENGTHS}
@@ -136,7 +138,7 @@ def load_parts(out_dir: str) -> dict[int, dict]:
 
 
 def write_tables(out_dir: str, parts: dict[int, dict]) -> None:
-    rows = [r for layer in sorted(parts) for r in parts[layer]["rows"]]
+    rows = [{"measured": True, **r} for layer in sorted(parts) for r in parts[layer]["rows"]]
     heads = [r for layer in sorted(parts) for r in parts[layer]["heads"]]
     write_csv(os.path.join(out_dir, TABLE), rows, TABLE_COLUMNS)
     write_csv(os.path.join(out_dir, HEADS), heads, HEAD_COLUMNS)
@@ -173,6 +175,8 @@ def load_profile(out_dir: str, require_complete: bool = False) -> Profile:
         raise SensprofError(f"profile {out_dir!r} lacks {os.path.basename(e.filename)}; re-run `sensprof profile`") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
         raise SensprofError(f"profile {out_dir!r} has a corrupt table; delete it and re-run `sensprof profile`") from None
+    if list(table.columns) == TABLE_COLUMNS[:-1]:  # written before --screen: every cell measured
+        table["measured"] = True
     if list(table.columns) != TABLE_COLUMNS:
         raise SensprofError(f"profile {out_dir!r} has an unexpected table layout; re-run `sensprof profile`")
     calibration = read_json(os.path.join(out_dir, CALIBRATION), "calibration")

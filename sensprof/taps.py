@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from .hooks import apply_rope, plain_attention, query_blocks, undo_rope
+from .hooks import plain_attention, query_blocks
+from .rope import apply_rope, undo_rope
 from .metrics import MomentStats, attention_kl_sum, squared_errors
 from .quant import fake_quant, quantize_query
 from .schemes import QuantScheme
