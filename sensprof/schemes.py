@@ -12,6 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from .constants import FP8_MAX  # noqa: F401  (quant.py reads it from here)
 from .errors import SensprofError
 
 # "engine": an engine's own format (rotations, codebooks, packed scales) emulated by sensprof.engines.
@@ -28,7 +29,6 @@ GRANULARITIES = ("tensor", "head", "token", "channel")
 #   engine      the registered emulation named by `emulation` (sensprof/engines/)
 CODECS = ("none", "fp8", "absmax", "signed_max", "minmax", "engine")
 SCALE_SOURCES = ("none", "dynamic", "unit", "calibrated")
-FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 
 
 @dataclass(frozen=True)

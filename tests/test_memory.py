@@ -27,6 +27,13 @@ from sensprof.schemes import REGISTRY, get_scheme
     "sensprof.schemes",
     "sensprof.memory",
     "sensprof.memory, sensprof.schemes",
+    "sensprof.constants",
+    "sensprof.budget",
+    "sensprof.targets",
+    "sensprof.planner",
+    "sensprof.plan",
+    "sensprof.screen",
+    "sensprof.export, sensprof.export.vllm, sensprof.export.sglang, sensprof.export.llamacpp",
 ])
 def test_cost_model_imports_no_torch(modules):
     code = f"import sys, {modules}; assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)"

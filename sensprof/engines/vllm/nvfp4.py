@@ -36,8 +36,9 @@ from typing import Callable
 
 import torch
 
+from ...constants import FP8_E4M3_MAX as E4M3_MAX
+
 BLOCK = 16
-E4M3_MAX = 448.0
 _E2M1_MAG = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 

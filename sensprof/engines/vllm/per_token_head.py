@@ -33,10 +33,12 @@ from typing import Callable
 
 import torch
 
+from ...constants import FP8_E4M3_MAX
+
 INT4_LEVELS = 15
 SCALE_FLOOR = 1e-6
 RHT_SEED = 0x9E3779B9
-QMAX = {"int8": (127.0, -128.0), "fp8": (448.0, -448.0)}
+QMAX = {"int8": (127.0, -128.0), "fp8": (FP8_E4M3_MAX, -FP8_E4M3_MAX)}
 ZP_MASK = 0xF
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from ...constants import FP8_E4M3_MAX as FP8_MAX
 from .turboquant_codebook import centroids, hadamard, midpoints
 
 # config.py::TQ_PRESETS
@@ -33,7 +34,6 @@ PRESETS: dict[str, tuple[int, int, bool]] = {
     "turboquant_k3v4_nc": (3, 4, True),
     "turboquant_3bit_nc": (3, 3, True),
 }
-FP8_MAX = 448.0
 
 
 # ---------------------------------------------------------------- layout / engine facts
