@@ -31,7 +31,7 @@ CODECS = ("none", "fp8", "absmax", "signed_max", "minmax", "engine")
 SCALE_SOURCES = ("none", "dynamic", "unit", "calibrated")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuantScheme:
     """How one cached tensor (a layer's K or V) is stored."""
 
@@ -104,46 +104,48 @@ class QuantScheme:
 
 
 def _base_schemes() -> list[QuantScheme]:
+    fixed = dict(scale_source="calibrated", scale_bits=0)  # one scale per layer or head, kept beside the cache
+    dyn32 = dict(granularity="token", scale_source="dynamic", scale_bits=32, scale_floor=1e-6)  # vLLM per token-head
+    block32 = dict(format="int", granularity="token", group=32, scale_source="dynamic", scale_bits=16)  # llama.cpp
     s: list[QuantScheme] = [
-        QuantScheme("none", "none", 16, "none", scale_source="none", scale_bits=0,
+        QuantScheme(name="none", format="none", bits=16, codec="none", scale_source="none", scale_bits=0,
                     description="unquantized: the model dtype (16-bit storage)"),
     ]
     for fmt in ("fp8_e4m3", "fp8_e5m2"):
         s += [
-            QuantScheme(fmt, fmt, 8, "fp8", "tensor", scale_source="unit", scale_bits=0,
+            QuantScheme(name=fmt, format=fmt, bits=8, codec="fp8", scale_source="unit", scale_bits=0,
                         description=f"{fmt}, scale 1.0: what serving engines do uncalibrated"),
-            QuantScheme(f"{fmt}_cal", fmt, 8, "fp8", "tensor", scale_source="calibrated", scale_bits=0,
+            QuantScheme(name=f"{fmt}_cal", format=fmt, bits=8, codec="fp8", **fixed,
                         description=f"{fmt}, one calibrated scale per layer (absmax / fp8 max)"),
-            QuantScheme(f"{fmt}_head", fmt, 8, "fp8", "head", scale_source="calibrated", scale_bits=0,
+            QuantScheme(name=f"{fmt}_head", format=fmt, bits=8, codec="fp8", granularity="head", **fixed,
                         description=f"{fmt}, one calibrated scale per KV head"),
         ]
     s += [
-        QuantScheme("fp8_per_token_head", "fp8_e4m3", 8, "fp8", "token", None, "dynamic", 32, scale_floor=1e-6,
+        QuantScheme(name="fp8_per_token_head", format="fp8_e4m3", bits=8, codec="fp8", **dyn32,
                     description="vLLM fp8_per_token_head: e4m3 with a dynamic fp32 scale per token and head"),
-        QuantScheme("int8", "int", 8, "absmax", "tensor", scale_source="calibrated", scale_bits=0,
+        QuantScheme(name="int8", format="int", bits=8, codec="absmax", **fixed,
                     description="int8 symmetric, one calibrated scale per layer"),
-        QuantScheme("int8_per_token_head", "int", 8, "absmax", "token", None, "dynamic", 32, scale_floor=1e-6,
+        QuantScheme(name="int8_per_token_head", format="int", bits=8, codec="absmax", **dyn32,
                     description="vLLM int8_per_token_head: symmetric, dynamic fp32 scale per token and head"),
         # llama.cpp cache types: per token, blocks of 32 along the head dimension, fp16 scales.
-        QuantScheme("q8_0", "int", 8, "absmax", "token", 32, "dynamic", 16,
+        QuantScheme(name="q8_0", bits=8, codec="absmax", **block32,
                     description="llama.cpp q8_0: symmetric 8-bit blocks of 32, fp16 scale"),
-        QuantScheme("q4_0", "int", 4, "signed_max", "token", 32, "dynamic", 16,
+        QuantScheme(name="q4_0", bits=4, codec="signed_max", **block32,
                     description="llama.cpp q4_0: symmetric 4-bit blocks of 32, fp16 scale"),
-        QuantScheme("q4_1", "int", 4, "minmax", "token", 32, "dynamic", 16, 16,
+        QuantScheme(name="q4_1", bits=4, codec="minmax", zero_bits=16, **block32,
                     description="llama.cpp q4_1: 4-bit blocks of 32 with fp16 scale and min"),
-        QuantScheme("q5_0", "int", 5, "signed_max", "token", 32, "dynamic", 16,
+        QuantScheme(name="q5_0", bits=5, codec="signed_max", **block32,
                     description="llama.cpp q5_0: symmetric 5-bit blocks of 32, fp16 scale"),
-        QuantScheme("q5_1", "int", 5, "minmax", "token", 32, "dynamic", 16, 16,
+        QuantScheme(name="q5_1", bits=5, codec="minmax", zero_bits=16, **block32,
                     description="llama.cpp q5_1: 5-bit blocks of 32 with fp16 scale and min"),
     ]
+    kivi = dict(format="int", codec="minmax", scale_source="dynamic", scale_bits=16, zero_bits=16)
     for bits in (8, 6, 5, 4, 3, 2):
         for g in (32, 64, 128):
-            s.append(QuantScheme(
-                f"int{bits}_c{g}", "int", bits, "minmax", "channel", g, "dynamic", 16, 16,
-                description=f"int{bits} asymmetric per channel over groups of {g} tokens (KIVI keys)"))
-            s.append(QuantScheme(
-                f"int{bits}_t{g}", "int", bits, "minmax", "token", g, "dynamic", 16, 16,
-                description=f"int{bits} asymmetric per token over groups of {g} channels (KIVI values)"))
+            s.append(QuantScheme(name=f"int{bits}_c{g}", bits=bits, granularity="channel", group=g, **kivi,
+                                 description=f"int{bits} asymmetric per channel over groups of {g} tokens (KIVI keys)"))
+            s.append(QuantScheme(name=f"int{bits}_t{g}", bits=bits, granularity="token", group=g, **kivi,
+                                 description=f"int{bits} asymmetric per token over groups of {g} channels (KIVI values)"))
     return s
 
 

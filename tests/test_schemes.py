@@ -293,7 +293,12 @@ def test_replace_revalidates():
 
 def test_fp8_codec_requires_an_fp8_format():
     with pytest.raises(SensprofError):
-        QuantScheme("x", "int", 8, "fp8")
+        QuantScheme(name="x", format="int", bits=8, codec="fp8")
+
+
+def test_schemes_are_built_with_keywords():
+    with pytest.raises(TypeError):
+        QuantScheme("x", "int", 8, "absmax")
 
 
 # ------------------------------------------------------------------------------------ frozen

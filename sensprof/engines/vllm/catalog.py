@@ -141,7 +141,8 @@ def bits_per_element(scheme, head_dim: int) -> float:
 def _engine(name, emulation, tensor="", bits=4, query="", description=""):
     from ...schemes import QuantScheme
 
-    return QuantScheme(name, "engine", bits, "engine", "token", None, "dynamic", 0, emulation=emulation,
+    return QuantScheme(name=name, format="engine", bits=bits, codec="engine", granularity="token", group=None,
+                       scale_source="dynamic", scale_bits=0, emulation=emulation,
                        tensor=tensor, query=query, description=description)
 
 
