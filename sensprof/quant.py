@@ -40,6 +40,16 @@ def _safe_inverse(scale: torch.Tensor) -> torch.Tensor:
     return torch.where(scale > 0, 1.0 / torch.where(scale > 0, scale, 1.0), torch.zeros_like(scale))
 
 
+def minmax_codes(xg: torch.Tensor, bits: int, dim: int = -1):
+    """Asymmetric min-max codes of float32 groups along `dim`, with the exact fp32 scale and minimum (kept
+    dims): one definition for the profiler and the runtime's reference kernels, so both store the same codes."""
+    levels = 2**bits - 1
+    mn = xg.amin(dim, keepdim=True)
+    scale = (xg.amax(dim, keepdim=True) - mn) / levels
+    codes = torch.floor((xg - mn) * _safe_inverse(scale) + 0.5).clamp(0, levels)
+    return codes, scale, mn
+
+
 def quantize_groups(xg: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor | None = None) -> Quantized:
     """Quantize float32 groups along the last dim. `absmax` (broadcastable) overrides dynamic stats."""
     b = scheme.bits
@@ -73,11 +83,7 @@ def quantize_groups(xg: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor 
         codes = torch.floor(xg * inv + half + 0.5).clamp(0, 2 * half - 1)
         return Quantized(codes, _stored(scale, scheme.scale_bits), None)
     if scheme.codec == "minmax":
-        levels = 2**b - 1
-        mn = xg.amin(-1, keepdim=True)
-        mx = xg.amax(-1, keepdim=True)
-        scale = (mx - mn) / levels
-        codes = torch.floor((xg - mn) * _safe_inverse(scale) + 0.5).clamp(0, levels)
+        codes, scale, mn = minmax_codes(xg, b)
         return Quantized(codes, _stored(scale, scheme.scale_bits), _stored(mn, scheme.zero_bits))
     raise ValueError(f"scheme {scheme.name} has nothing to quantize")
 

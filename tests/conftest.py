@@ -21,6 +21,13 @@ def _one_thread(request):
     torch.set_num_threads(n)
 
 
+@pytest.fixture(params=["cpu", *([pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else [])])
+def device(request):
+    """Where an op that runs on either device is tested: the CPU always, and a CUDA device (marked gpu) where
+    there is one."""
+    return torch.device(request.param)
+
+
 def run_cli(capsys, *argv):
     """sensprof's CLI in-process: (exit code, stdout, stderr)."""
     from sensprof.cli import main

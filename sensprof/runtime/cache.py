@@ -18,7 +18,7 @@ from .attention import (
     reads_through_interface,
     use_planned_attention,
 )
-from .kernels import select
+from .kernels import KernelBackend, select
 from .store import TensorStore, runtime_problem
 
 
@@ -37,7 +37,7 @@ class PlannedLayer(DynamicLayer):
         self.sliding_window = sliding_window
         self.is_sliding = sliding_window is not None
         self.preference = kernels
-        self.kernels = None
+        self.kernels: KernelBackend | None = None
         self.packed = False  # set when the model's attention reads PackedKV handles (use_planned_attention)
         self.packed_steps = 0  # decode steps served by the packed kernel (the rest read the dense cache)
 
@@ -82,7 +82,7 @@ class PlannedLayer(DynamicLayer):
         if b <= a:
             return None
         d = query.shape[-1]
-        if getattr(self.kernels, "NEEDS_POWER_OF_TWO_HEAD_DIM", False) and d & (d - 1):
+        if self.kernels.NEEDS_POWER_OF_TWO_HEAD_DIM and d & (d - 1):
             return None  # Triton tiles span the head dim (tl.arange): 64 and 128 are fine, 80 or 96 are not
         t = self.k_store.seq_length()
         k_tail = torch.cat([self.k_store.dense_range(0, a), self.k_store.dense_range(b, t)], dim=-2)

@@ -19,7 +19,7 @@ from ..quant import (
     ungroup_last,
 )
 from ..schemes import QuantScheme
-from .kernels import pack_bitplanes, select
+from .kernels import KernelBackend, select
 
 
 def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
@@ -39,7 +39,7 @@ class TensorStore:
                  kernels: str = "auto"):
         self.scheme = scheme
         self.preference = kernels
-        self.kernels = None  # the kernel module, chosen on the first append (when the device is known)
+        self.kernels: KernelBackend | None = None  # chosen on the first append (when the device is known)
         self.sliding = sliding
         self.absmax = absmax
         if scheme.scale_source == "calibrated" and absmax is None:
@@ -121,10 +121,10 @@ class TensorStore:
                 return Quantized(q.codes, scale, None)
             codes = q.codes
         codes = codes + (2 ** (s.bits - 1) - 1 if s.codec == "absmax" else 0)
-        return Quantized(pack_bitplanes(codes, s.bits), scale.contiguous(),
+        return Quantized(self._kernels(y.device).pack_bitplanes(codes, s.bits), scale.contiguous(),
                          None if zero is None else zero.contiguous())
 
-    def _kernels(self, device):
+    def _kernels(self, device) -> KernelBackend:
         if self.kernels is None:
             self.kernels = select(self.preference, device)
         return self.kernels

@@ -1,7 +1,8 @@
 """Kernels of the quantized-cache runtime.
 
-Each op has a pure-PyTorch reference (the test oracle), a Triton version for GPUs and a compiled C
-version for CPUs (built on first use with the machine's C compiler), all with the same signature.
+Three backends, each a module satisfying contract.KernelBackend (every op the runtime calls, one signature
+for all, and explicit capability flags): a pure-PyTorch reference (the test oracle), a Triton version for
+GPUs and a compiled C version for CPUs (built on first use with the machine's C compiler).
 `select(preference)` picks one: "reference", "triton", "cpu", or "auto" (Triton on a CUDA device, the
 compiled kernels on the CPU; the reference, with one warning, where those cannot run). This package
 imports without Triton and without a compiler.
@@ -15,7 +16,7 @@ import warnings
 
 from ...errors import SensprofError
 from . import reference
-from .reference import pack_bitplanes, unpack_bitplanes
+from .contract import KernelBackend
 
 PREFERENCES = ("auto", "triton", "cpu", "reference")
 _warned: set = set()
@@ -31,8 +32,8 @@ def _warn_once(message: str) -> None:
         _warned.add(message)
 
 
-def select(preference: str = "auto", device: str = "cpu"):
-    """The module whose functions to call: sensprof.runtime.kernels.reference, .triton_kernels or .cpu_kernels."""
+def select(preference: str = "auto", device: str = "cpu") -> KernelBackend:
+    """The backend to call: the module sensprof.runtime.kernels.reference, .triton_kernels or .cpu_kernels."""
     if preference not in PREFERENCES:
         raise SensprofError(f"unknown kernel preference {preference!r}; choose one of {', '.join(PREFERENCES)}")
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
@@ -54,7 +55,7 @@ def select(preference: str = "auto", device: str = "cpu"):
     return triton_kernels
 
 
-def _cpu(preference: str, on_gpu: bool):
+def _cpu(preference: str, on_gpu: bool) -> KernelBackend:
     if on_gpu:
         raise SensprofError("the cpu kernels read CPU tensors; choose --kernels auto or triton for a CUDA model")
     from . import cpu_kernels
@@ -69,4 +70,4 @@ def _cpu(preference: str, on_gpu: bool):
     return reference
 
 
-__all__ = ["PREFERENCES", "pack_bitplanes", "select", "triton_available", "unpack_bitplanes"]
+__all__ = ["PREFERENCES", "KernelBackend", "select", "triton_available"]

@@ -8,9 +8,15 @@
  * [B, H, T/G, D] fp16; values per token: scale / zero [B, H, T, D/g] fp16. Strides are in elements, and
  * the last dim of every tensor is contiguous. Quantization is bit-exact with the reference: it is built
  * with -ffp-contract=off and no fast-math, so (x - mn) * inv + 0.5 rounds as PyTorch rounds it.
+ *
+ * Every exported (non-static) function is declared in cpu_kernels.py's SIGNATURES table, parameter for
+ * parameter; a test compares the two. SP_ABI_VERSION is written there too, and a library that reports another
+ * version is refused on load.
  */
+#define _GNU_SOURCE /* pthread_setname_np */
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,13 +25,20 @@ static uint64_t SPREAD[256]; /* byte -> 8 bytes, byte i = bit i */
 #define SP_VBLOCK 64 /* value tokens whose weights are computed together */
 #define SP_MAXTHREADS 64
 #define SP_PARALLEL_WORK 4096 /* (sequences x KV heads x tokens) below which one thread is quicker */
+#define SP_ABI_VERSION 1      /* = ABI_VERSION in cpu_kernels.py: bump both whenever an exported signature changes */
+
+int sp_abi_version(void) { return SP_ABI_VERSION; }
+
+static void pool_after_fork(void);
 
 void sp_init(void) {
+    static int forks_handled = 0;
     for (int b = 0; b < 256; b++) {
         uint64_t w = 0;
         for (int i = 0; i < 8; i++) w |= (uint64_t)((b >> i) & 1) << (8 * i);
         SPREAD[b] = w;
     }
+    if (!forks_handled) forks_handled = pthread_atfork(NULL, NULL, pool_after_fork) == 0;
 }
 
 #ifdef __F16C__
@@ -361,12 +374,11 @@ static void run_item(const job_t *j, int64_t item, float *buf) {
         for (int64_t d = 0; d < D; d++) out[r * (D + 2) + d] = acc[r * D + d] + zs[r * ng + d / j->gv];
 }
 
-static void *worker(void *arg) {
-    job_t *j = arg;
+static void worker(job_t *j) {
     float *buf = malloc(item_scratch(j));
     if (!buf) {
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
-        return NULL;
+        return;
     }
     for (;;) {
         const int64_t item = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
@@ -374,13 +386,88 @@ static void *worker(void *arg) {
         run_item(j, item, buf);
     }
     free(buf);
+}
+
+/* The worker threads: one pool for the process, started on first need and grown to the largest count a call
+ * asks for (Python passes torch.get_num_threads() with every call), so no call starts threads of its own. A job
+ * hands out `tickets`; each idle worker takes one and runs the job's items until none is left. One job at a
+ * time: a caller that finds the pool busy (another Python thread: ctypes releases the GIL) runs its items
+ * alone. Neither changes a result: the items, and their merge, do not depend on which thread runs them. */
+static struct {
+    pthread_mutex_t lock, busy; /* lock guards the fields below; busy is held for a whole job */
+    pthread_cond_t wake, done;
+    int started, tickets, running; /* workers alive; tickets not yet taken; taken and not yet finished */
+    job_t *job;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
+          0, 0, 0, NULL};
+
+static void pool_after_fork(void) { /* a forked child has only the forking thread: forget the parent's workers */
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_mutex_init(&pool.busy, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.started = pool.tickets = pool.running = 0;
+    pool.job = NULL;
+}
+
+static void *pool_worker(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&pool.lock);
+    for (;;) {
+        while (!pool.tickets) pthread_cond_wait(&pool.wake, &pool.lock);
+        pool.tickets--;
+        job_t *j = pool.job;
+        pthread_mutex_unlock(&pool.lock);
+        worker(j);
+        pthread_mutex_lock(&pool.lock);
+        if (!--pool.running) pthread_cond_signal(&pool.done);
+    }
     return NULL;
+}
+
+/* Grows the pool to n workers where threads can be started; returns how many there are. Holds pool.lock. */
+static int pool_grow(int n) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old); /* workers inherit it: signals stay with Python's threads */
+    while (pool.started < n) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, pool_worker, NULL)) break;
+#ifdef __linux__
+        pthread_setname_np(t, "sp-kernels");
+#endif
+        pthread_detach(t);
+        pool.started++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return pool.started;
+}
+
+/* Runs the job's items on this thread and on up to `helpers` pool workers; returns when every item is done. */
+static void run_job(job_t *j, int helpers) {
+    if (helpers < 1 || pthread_mutex_trylock(&pool.busy)) {
+        worker(j);
+        return;
+    }
+    pthread_mutex_lock(&pool.lock);
+    const int n = pool_grow(helpers);
+    pool.job = j;
+    pool.tickets = pool.running = n < helpers ? n : helpers;
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    worker(j); /* this thread works too, and finishes whatever the workers have not taken */
+    pthread_mutex_lock(&pool.lock);
+    while (pool.running) pthread_cond_wait(&pool.done, &pool.lock);
+    pool.job = NULL;
+    pthread_mutex_unlock(&pool.lock);
+    pthread_mutex_unlock(&pool.busy);
 }
 
 /* One query per sequence over the packed cache plus a full-precision tail (reference.decode_attention).
  * kcs / vcs: strides of [bits, B, H, T, D/8]; kss, kzs: [B, H, T/G, D]; vss, vzs: [B, H, T, D/g].
- * q [B, Hq, D], tails [B, H, Tt, D] fp32 contiguous; out [B, Hq, D]. Up to `threads` threads (long
- * contexts only). Returns 0, or -1 without memory. */
+ * q [B, Hq, D], tails [B, H, Tt, D] fp32 contiguous; out [B, Hq, D]. Long contexts are cut into items for
+ * `threads` threads (this one and the pool's); the cut depends on `threads` only, never on how many workers run
+ * it. Returns 0, or -1 without memory. */
 int sp_decode_attention(int64_t B, int64_t Hq, int64_t H, int64_t D, int64_t T, int64_t Tt, const float *q,
                         const uint8_t *kc, const int64_t *kcs, const uint16_t *ks, const int64_t *kss,
                         const uint16_t *kz, const int64_t *kzs, const uint8_t *vc, const int64_t *vcs,
@@ -401,12 +488,7 @@ int sp_decode_attention(int64_t B, int64_t Hq, int64_t H, int64_t D, int64_t T, 
     }
     j.partial = malloc(sizeof(float) * (size_t)(j.items * rep * (D + 2)));
     if (!j.partial) return -1;
-    pthread_t pool[SP_MAXTHREADS];
-    int started = 0;
-    for (int i = 1; i < threads; i++)
-        if (pthread_create(&pool[started], NULL, worker, &j) == 0) started++;
-    worker(&j); /* this thread works too, and finishes whatever the others have not taken */
-    for (int i = 0; i < started; i++) pthread_join(pool[i], NULL);
+    run_job(&j, (int)threads - 1);
     if (j.failed) {
         free(j.partial);
         return -1;

@@ -1,9 +1,12 @@
-"""Compiled CPU versions of the reference kernels, same signatures (the source is cpu_kernels.c).
+"""Compiled CPU versions of the reference kernels, same signatures (contract.py; the source is cpu_kernels.c).
 
 The C source is compiled on first use with the machine's C compiler (`$CC`, else cc / gcc / clang) and
 cached under $SENSPROF_CACHE (default ~/.cache/sensprof) by a hash of the source, flags, compiler and CPU,
-then loaded with ctypes: no torch headers, well under a second to build. `available()` says why it
-cannot be used (no compiler, a failed build), and `select` then falls back to the reference.
+then loaded with ctypes: no torch headers, well under a second to build. ctypes checks nothing against the
+C prototypes, so every function's argument and return types are declared in SIGNATURES (a test compares
+them with cpu_kernels.c), and a library whose sp_abi_version() is not ABI_VERSION is refused.
+`available()` says why the kernels cannot be used (no compiler, a failed or stale build), and `select`
+then falls back to the reference.
 """
 
 from __future__ import annotations
@@ -21,12 +24,39 @@ from pathlib import Path
 import torch
 
 from . import reference
+from .reference import pack_bitplanes  # noqa: F401  (the store packs the other codecs; no faster in C)
 
 NAME = "cpu"
+NEEDS_POWER_OF_TWO_HEAD_DIM = False
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAGS = ["-O3", "-std=gnu11", "-pthread", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-fopenmp-simd"]
 _NATIVE = ["-march=native"]
 _MAX_TOKEN_DIM = 1024  # sp_quantize_pack_tokens keeps one row of codes on the stack
+ABI_VERSION = 1  # = SP_ABI_VERSION in cpu_kernels.c: bump both whenever a signature below changes
+
+_P, _I64, _F32, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+
+
+def _params(names: str, ctype) -> list:
+    return [(name, ctype) for name in names.split()]
+
+
+# Every exported C function: (return type, [(parameter, type)] in the prototype's order). Pointers and the
+# int64 stride arrays are c_void_p: the wrappers below pass tensors' data pointers.
+SIGNATURES = {
+    "sp_abi_version": (_INT, []),
+    "sp_init": (None, []),
+    "sp_decode_attention": (_INT, _params("B Hq H D T Tt", _I64)
+                            + _params("q kc kcs ks kss kz kzs vc vcs vs vss vz vzs kt vt", _P)
+                            + _params("bits_k bits_v gk gv", _I64) + _params("scaling", _F32)
+                            + _params("out", _P) + _params("threads", _I64)),
+    "sp_unpack_float": (None, _params("B H T D bits", _I64) + _params("codes cs", _P) + _params("offset", _F32)
+                        + _params("out", _P)),
+    "sp_dequantize": (None, _params("B H T D bits", _I64) + _params("codes cs scale zero", _P)
+                      + _params("channel group", _I64) + _params("offset", _F32) + _params("out", _P)),
+    "sp_quantize_pack_tokens": (None, _params("N D g bits", _I64) + _params("x codes scale zero", _P)),
+    "sp_quantize_pack_channels": (_INT, _params("N T D G bits", _I64) + _params("x codes scale zero", _P)),
+}
 
 
 class BuildError(RuntimeError):
@@ -101,23 +131,22 @@ def _build(cc: str) -> Path:
 def _load():
     """The compiled library, or the BuildError that says why there is none."""
     try:
-        lib = ctypes.CDLL(str(_build(_compiler())))
+        path = _build(_compiler())
+        lib = ctypes.CDLL(str(path))
     except BuildError as e:
         return e
     except OSError as e:
         return BuildError(f"loading the compiled kernels failed: {e}")
-    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    lib.sp_init.argtypes = []
-    lib.sp_decode_attention.argtypes = [i64] * 6 + [p] * 15 + [i64] * 4 + [f32, p, i64]
-    lib.sp_decode_attention.restype = ctypes.c_int
-    lib.sp_quantize_pack_tokens.argtypes = [i64] * 4 + [p] * 4
-    lib.sp_quantize_pack_tokens.restype = None
-    lib.sp_quantize_pack_channels.argtypes = [i64] * 5 + [p] * 4
-    lib.sp_quantize_pack_channels.restype = ctypes.c_int
-    lib.sp_unpack_float.argtypes = [i64] * 5 + [p, p, f32, p]
-    lib.sp_unpack_float.restype = None
-    lib.sp_dequantize.argtypes = [i64] * 5 + [p] * 4 + [i64, i64, f32, p]
-    lib.sp_dequantize.restype = None
+    try:
+        for name, (restype, params) in SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, [ctype for _, ctype in params]
+    except AttributeError as e:
+        return BuildError(f"{path} is a stale build ({e}); delete it")
+    version = lib.sp_abi_version()
+    if version != ABI_VERSION:
+        return BuildError(f"{path} is a stale build (ABI version {version}, this sensprof needs {ABI_VERSION}); "
+                          "delete it")
     lib.sp_init()
     return lib
 
@@ -136,7 +165,8 @@ def _lib():
 
 
 def _threads() -> int:
-    """As many threads as torch uses for its own ops (torch.set_num_threads)."""
+    """As many threads as torch uses for its own ops (torch.set_num_threads): the C code's one pool grows to
+    this count (passed on every call) and starts no threads per call."""
     return torch.get_num_threads()
 
 
@@ -178,19 +208,21 @@ def _dequantize(codes, scale, zero, bits, group, offset, channel):
     return out
 
 
-def dequantize_tokens(codes, scale, zero, bits: int, group: int, offset: float = 0.0) -> torch.Tensor:
+def dequantize_tokens(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int, group: int,
+                      offset: float = 0.0) -> torch.Tensor:
     if not _readable(codes):
         return reference.dequantize_tokens(codes, scale, zero, bits, group, offset)
     return _dequantize(codes, scale, zero, bits, group, offset, channel=False)
 
 
-def dequantize_channels(codes, scale, zero, bits: int, group: int, offset: float = 0.0) -> torch.Tensor:
+def dequantize_channels(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int, group: int,
+                        offset: float = 0.0) -> torch.Tensor:
     if not _readable(codes) or codes.shape[3] % group:
         return reference.dequantize_channels(codes, scale, zero, bits, group, offset)
     return _dequantize(codes, scale, zero, bits, group, offset, channel=True)
 
 
-def quantize_pack_tokens(x: torch.Tensor, bits: int, group: int):
+def quantize_pack_tokens(x: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n, d = x.shape
     if not _readable(x) or d > _MAX_TOKEN_DIM or d % group or d % 8:
         return reference.quantize_pack_tokens(x, bits, group)
@@ -202,7 +234,7 @@ def quantize_pack_tokens(x: torch.Tensor, bits: int, group: int):
     return codes, scale, zero
 
 
-def quantize_pack_channels(x: torch.Tensor, bits: int, group: int):
+def quantize_pack_channels(x: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n, t, d = x.shape
     if not _readable(x) or t % group or d % 8:
         return reference.quantize_pack_channels(x, bits, group)
@@ -215,8 +247,10 @@ def quantize_pack_channels(x: torch.Tensor, bits: int, group: int):
     return codes, scale, zero
 
 
-def decode_attention(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_tail, v_tail, *,
-                     bits_k: int, bits_v: int, group_k: int, group_v: int, scaling: float) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_zero: torch.Tensor,
+                     v_codes: torch.Tensor, v_scale: torch.Tensor, v_zero: torch.Tensor, k_tail: torch.Tensor,
+                     v_tail: torch.Tensor, *, bits_k: int, bits_v: int, group_k: int, group_v: int,
+                     scaling: float) -> torch.Tensor:
     b, hq, d = q.shape
     hkv, t = k_codes.shape[2], k_codes.shape[3]
     if (not _readable(q, k_codes, v_codes) or k_scale.dtype != torch.float16 or v_scale.dtype != torch.float16

@@ -1,4 +1,4 @@
-"""Reference kernels in PyTorch: the CPU path and the oracle the Triton kernels are tested against.
+"""Reference kernels in PyTorch: the backend that runs anywhere, and the oracle the others are tested against.
 
 Bit-plane packing: a b-bit code costs exactly b bits (3- and 5-bit codes too). Plane k holds bit k of
 every code, eight codes to a byte along the last dim: codes [..., D] (D a multiple of 8) <->
@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from ...quant import minmax_codes
+
 NAME = "reference"
+NEEDS_POWER_OF_TWO_HEAD_DIM = False
 _SHIFTS = torch.arange(8, dtype=torch.uint8)
 _LUTS: dict = {}
 
@@ -56,37 +59,30 @@ def unpack_float(packed: torch.Tensor, bits: int, offset: float = 0.0) -> torch.
     return f.sub_(offset) if offset else f
 
 
-def quantize_pack_tokens(x: torch.Tensor, bits: int, group: int):
+def quantize_pack_tokens(x: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token asymmetric quantization over groups of `group` channels, packed (KIVI values).
 
     x [N, D] -> codes [bits, N, D // 8] uint8, scale and zero [N, D // group] fp16. Codes come from
     the exact fp32 statistics, as quant.py computes them, so the runtime stores what the profile measured.
     """
     n, d = x.shape
-    xg = x.float().reshape(n, d // group, group)
-    mn, mx = xg.amin(-1, keepdim=True), xg.amax(-1, keepdim=True)
-    scale = (mx - mn) / (2**bits - 1)
-    inv = torch.where(scale > 0, 1.0 / torch.where(scale > 0, scale, 1.0), torch.zeros_like(scale))
-    codes = torch.floor((xg - mn) * inv + 0.5).clamp(0, 2**bits - 1).reshape(n, d)
-    return pack_bitplanes(codes, bits), scale.squeeze(-1).half(), mn.squeeze(-1).half()
+    codes, scale, mn = minmax_codes(x.float().reshape(n, d // group, group), bits)
+    return pack_bitplanes(codes.reshape(n, d), bits), scale.squeeze(-1).half(), mn.squeeze(-1).half()
 
 
-def quantize_pack_channels(x: torch.Tensor, bits: int, group: int):
+def quantize_pack_channels(x: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-channel asymmetric quantization over groups of `group` tokens, packed (KIVI keys).
 
     x [N, T, D] (T a multiple of `group`) -> codes [bits, N, T, D // 8] uint8, scale and zero
     [N, T // group, D] fp16, from the exact fp32 statistics.
     """
     n, t, d = x.shape
-    xg = x.float().reshape(n, t // group, group, d)
-    mn, mx = xg.amin(2, keepdim=True), xg.amax(2, keepdim=True)
-    scale = (mx - mn) / (2**bits - 1)
-    inv = torch.where(scale > 0, 1.0 / torch.where(scale > 0, scale, 1.0), torch.zeros_like(scale))
-    codes = torch.floor((xg - mn) * inv + 0.5).clamp(0, 2**bits - 1).reshape(n, t, d)
-    return pack_bitplanes(codes, bits), scale.squeeze(2).half(), mn.squeeze(2).half()
+    codes, scale, mn = minmax_codes(x.float().reshape(n, t // group, group, d), bits, dim=2)
+    return pack_bitplanes(codes.reshape(n, t, d), bits), scale.squeeze(2).half(), mn.squeeze(2).half()
 
 
-def dequantize_channels(codes, scale, zero, bits: int, group: int, offset: float = 0.0) -> torch.Tensor:
+def dequantize_channels(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int, group: int,
+                        offset: float = 0.0) -> torch.Tensor:
     """codes [bits, B, H, T, D // 8], scale / zero (or None) [B, H, T // group, D] -> float32 [B, H, T, D]:
     (code - offset) * scale + zero, offset being the codec's (absmax codes are stored shifted)."""
     u = unpack_float(codes, bits, offset)
@@ -97,7 +93,8 @@ def dequantize_channels(codes, scale, zero, bits: int, group: int, offset: float
     return torch.addcmul(zero.float().unsqueeze(3), ug, scale.float().unsqueeze(3)).view(b, h, t, d)
 
 
-def dequantize_tokens(codes, scale, zero, bits: int, group: int, offset: float = 0.0) -> torch.Tensor:
+def dequantize_tokens(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int, group: int,
+                      offset: float = 0.0) -> torch.Tensor:
     """codes [bits, B, H, T, D // 8], scale / zero (or None) [B, H, T, D // group] -> float32 [B, H, T, D]."""
     u = unpack_float(codes, bits, offset)
     b, h, t, d = u.shape
@@ -107,8 +104,10 @@ def dequantize_tokens(codes, scale, zero, bits: int, group: int, offset: float =
     return torch.addcmul(zero.float().unsqueeze(-1), ug, scale.float().unsqueeze(-1)).view(b, h, t, d)
 
 
-def decode_attention(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_tail, v_tail, *,
-                     bits_k: int, bits_v: int, group_k: int, group_v: int, scaling: float) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_zero: torch.Tensor,
+                     v_codes: torch.Tensor, v_scale: torch.Tensor, v_zero: torch.Tensor, k_tail: torch.Tensor,
+                     v_tail: torch.Tensor, *, bits_k: int, bits_v: int, group_k: int, group_v: int,
+                     scaling: float) -> torch.Tensor:
     """One query per sequence over a packed cache: keys per channel (groups of `group_k` tokens),
     values per token (groups of `group_v` channels), then the full-precision tail.
 

@@ -1,9 +1,11 @@
-"""Triton versions of the reference kernels, same signatures. Imported only when Triton is present.
+"""Triton versions of the reference kernels, same signatures (contract.py). Imported only when Triton is present.
 
-quantize_pack_* quantize appended tokens and write bit-planes in one pass. decode_attention reads the
-packed cache directly (no dequantized copy): each program takes one (sequence, query head) and one slice
-of the tokens (split-K), unpacks the bit-planes in registers, and keeps an online softmax; the slices
-and the full-precision tail are merged by log-sum-exp.
+pack_bitplanes and quantize_pack_* write bit-planes in one pass (a decode step's append is one launch, not
+a handful of PyTorch ops). decode_attention reads the packed cache directly (no dequantized copy): each
+program takes one (sequence, KV head) and one slice of the tokens (split-K), unpacks the bit-planes in
+registers, and keeps an online softmax; the slices and the full-precision tail are merged by log-sum-exp.
+Tiles span the head dim, which Triton allows in powers of two only: the writers hand other shapes to the
+reference, and decode_attention declares it (NEEDS_POWER_OF_TWO_HEAD_DIM) so that the caller reads them densely.
 """
 
 from __future__ import annotations
@@ -12,11 +14,18 @@ import torch
 import triton
 import triton.language as tl
 
+from . import reference
+
 # the dense read path: PyTorch's own GPU kernels do these well
 from .reference import dequantize_channels, dequantize_tokens, unpack_float  # noqa: F401
 
 NAME = "triton"
-NEEDS_POWER_OF_TWO_HEAD_DIM = True  # tiles span the head dim; other head dims are read densely
+NEEDS_POWER_OF_TWO_HEAD_DIM = True
+
+
+def _tileable(*sizes: int) -> bool:
+    """Sizes a tile may span (tl.arange): powers of two."""
+    return all(n > 0 and not n & (n - 1) for n in sizes)
 
 
 @triton.jit
@@ -36,8 +45,8 @@ def _pack_kernel(codes_ptr, out_ptr, n_rows, D: tl.constexpr, BITS: tl.constexpr
 
 def pack_bitplanes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     d = codes.shape[-1]
-    if d % 8:
-        raise ValueError(f"the packed dim must be a multiple of 8, got {d}")
+    if d % 8 or not _tileable(d // 8) or not codes.numel():
+        return reference.pack_bitplanes(codes, bits)  # which also says why a dim is not packable
     flat = codes.to(torch.uint8).reshape(-1, d).contiguous()
     n = flat.shape[0]
     out = torch.empty(bits, n, d // 8, dtype=torch.uint8, device=codes.device)
@@ -77,8 +86,10 @@ def _quantize_tokens_kernel(x_ptr, codes_ptr, scale_ptr, zero_ptr, N, D: tl.cons
     tl.store(zero_ptr + rows[:, None] * (D // G) + ng[None, :], mn.to(tl.float16))
 
 
-def quantize_pack_tokens(x: torch.Tensor, bits: int, group: int):
+def quantize_pack_tokens(x: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n, d = x.shape
+    if not _tileable(d, group):
+        return reference.quantize_pack_tokens(x, bits, group)
     x = x.contiguous()
     codes = torch.empty(bits, n, d // 8, dtype=torch.uint8, device=x.device)
     scale = torch.empty(n, d // group, dtype=torch.float16, device=x.device)
@@ -110,8 +121,10 @@ def _quantize_channels_kernel(x_ptr, codes_ptr, scale_ptr, zero_ptr, T, N_T, D: 
     tl.store(zero_ptr + pid * D + d, mn.to(tl.float16))
 
 
-def quantize_pack_channels(x: torch.Tensor, bits: int, group: int):
+def quantize_pack_channels(x: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n, t, d = x.shape
+    if not _tileable(d, group):
+        return reference.quantize_pack_channels(x, bits, group)
     x = x.contiguous()
     codes = torch.empty(bits, n, t, d // 8, dtype=torch.uint8, device=x.device)
     scale = torch.empty(n, t // group, d, dtype=torch.float16, device=x.device)
@@ -189,10 +202,20 @@ def _token_sliced(x: torch.Tensor, inner: int) -> torch.Tensor:
     return x if ok else x.contiguous()
 
 
-def decode_attention(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_tail, v_tail, *,
-                     bits_k: int, bits_v: int, group_k: int, group_v: int, scaling: float,
-                     n_splits: int | None = None) -> torch.Tensor:
-    """Reads views of the packed cache in place (slices along tokens are not copied)."""
+def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_zero: torch.Tensor,
+                     v_codes: torch.Tensor, v_scale: torch.Tensor, v_zero: torch.Tensor, k_tail: torch.Tensor,
+                     v_tail: torch.Tensor, *, bits_k: int, bits_v: int, group_k: int, group_v: int,
+                     scaling: float) -> torch.Tensor:
+    return decode_attention_in_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_tail, v_tail,
+                                      bits_k=bits_k, bits_v=bits_v, group_k=group_k, group_v=group_v,
+                                      scaling=scaling, n_splits=None)
+
+
+def decode_attention_in_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_tail, v_tail, *,
+                               bits_k: int, bits_v: int, group_k: int, group_v: int, scaling: float,
+                               n_splits: int | None) -> torch.Tensor:
+    """decode_attention cutting the tokens into `n_splits` slices (None: enough to fill the GPU).
+    Reads views of the packed cache in place (slices along tokens are not copied)."""
     b, hq, d = q.shape
     hkv, t = k_codes.shape[2], k_codes.shape[3]
     rep = hq // hkv

@@ -3,14 +3,23 @@
 Quantize-and-pack must be bit-exact (the runtime stores what the profile measured); decode attention
 within float tolerance, on every code path of the C file: the AVX2 loops and the portable ones (built
 without -march=native), query heads per KV head up to 8 and beyond, value groups that are and are not
-multiples of 8, strided views, and long contexts split across threads. Then the build itself: the cache,
-a missing compiler and a failing one.
+multiples of 8, strided views, and long contexts split across threads (one pool, shared by concurrent
+callers, renewed in a forked child). Then the binding and the build: the ctypes table against the C
+prototypes, a library of another ABI version, the cache, a missing compiler and a failing one.
 """
 
+import ctypes
+import os
+import re
+import select
+import sys
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from runtime.kernels.packed import packed_cache
+from runtime.plans import decode_logprobs, make_plan
 
 from sensprof.errors import SensprofError
 from sensprof.runtime import kernels
@@ -28,18 +37,6 @@ def fresh_build(tmp_path, monkeypatch):
     monkeypatch.setattr(kernels, "_warned", set())
     yield tmp_path
     cpu_kernels._load.cache_clear()
-
-
-def _packed(b, hq, hkv, t, tail, d, bits_k, bits_v, gk, gv, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    kc, ks, kz = reference.quantize_pack_channels(torch.randn(b * hkv, t, d, generator=g) * 2, bits_k, gk)
-    vc, vs, vz = reference.quantize_pack_tokens(torch.randn(b * hkv * t, d, generator=g), bits_v, gv)
-    args = dict(q=torch.randn(b, hq, d, generator=g) * 2,
-                k_codes=kc.view(bits_k, b, hkv, t, d // 8), k_scale=ks.view(b, hkv, t // gk, d),
-                k_zero=kz.view(b, hkv, t // gk, d), v_codes=vc.view(bits_v, b, hkv, t, d // 8),
-                v_scale=vs.view(b, hkv, t, d // gv), v_zero=vz.view(b, hkv, t, d // gv),
-                k_tail=torch.randn(b, hkv, tail, d, generator=g), v_tail=torch.randn(b, hkv, tail, d, generator=g))
-    return args, dict(bits_k=bits_k, bits_v=bits_v, group_k=gk, group_v=gv, scaling=d ** -0.5)
 
 
 def _close(a, b, tol=2e-5):
@@ -99,14 +96,14 @@ CASES = [  # b, hq, hkv, t, tail, d, bits_k, bits_v, gk, gv
 @needs_compiler
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}_hq{}_hkv{}_t{}_tail{}_d{}_k{}v{}_gk{}gv{}".format(*c))
 def test_decode_attention_matches_the_reference(case):
-    args, kw = _packed(*case)
+    args, kw, _ = packed_cache(*case)
     _close(cpu_kernels.decode_attention(**args, **kw), reference.decode_attention(**args, **kw))
 
 
 @needs_compiler
 def test_decode_attention_reads_strided_views():
     """The runtime passes slices of the merged chunk (whole key groups), not copies."""
-    args, kw = _packed(2, 6, 3, 128, 7, 64, 4, 3, 32, 32)
+    args, kw, _ = packed_cache(2, 6, 3, 128, 7, 64, 4, 3, 32, 32)
     view = dict(args, k_codes=args["k_codes"][:, :, :, 32:96], k_scale=args["k_scale"][:, :, 1:3],
                 k_zero=args["k_zero"][:, :, 1:3], v_codes=args["v_codes"][:, :, :, 32:96],
                 v_scale=args["v_scale"][:, :, 32:96], v_zero=args["v_zero"][:, :, 32:96])
@@ -120,8 +117,107 @@ def test_long_contexts_split_across_threads_give_the_same_attention(threads, mon
     """Split-K: slices of one head on different threads, merged by log-sum-exp (the tail in the last slice)."""
     monkeypatch.setattr(cpu_kernels, "_threads", lambda: threads)
     for case in [(1, 9, 3, 4096, 17, 64, 4, 4, 32, 32), (2, 4, 1, 2112, 0, 128, 3, 5, 32, 64)]:
-        args, kw = _packed(*case)
+        args, kw, _ = packed_cache(*case)
         _close(cpu_kernels.decode_attention(**args, **kw), reference.decode_attention(**args, **kw), 1e-4)
+
+
+def _pool_threads() -> set:
+    """Thread ids of the kernels' worker pool (named by cpu_kernels.c)."""
+    tasks = "/proc/self/task"
+    return {tid for tid in os.listdir(tasks) if open(f"{tasks}/{tid}/comm").read().strip() == "sp-kernels"}
+
+
+@needs_compiler
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_one_pool_of_threads_serves_every_call_with_the_same_result(monkeypatch):
+    """Torch's thread count sizes one persistent pool: later calls start no threads, and give the same bits."""
+    monkeypatch.setattr(cpu_kernels, "_threads", lambda: 3)
+    args, kw, _ = packed_cache(1, 9, 3, 4096, 17, 64, 4, 4, 32, 32)
+    first = cpu_kernels.decode_attention(**args, **kw)
+    pool = _pool_threads()
+    assert len(pool) >= 2  # 3 threads: this one and two workers, alive between calls
+    for _ in range(3):
+        assert torch.equal(cpu_kernels.decode_attention(**args, **kw), first)
+    assert _pool_threads() == pool
+
+
+@needs_compiler
+def test_concurrent_callers_get_the_single_callers_result(monkeypatch):
+    """ctypes releases the GIL: callers from several Python threads share the pool (or run alone), same bits."""
+    monkeypatch.setattr(cpu_kernels, "_threads", lambda: 3)
+    args, kw, _ = packed_cache(2, 4, 1, 2112, 0, 128, 3, 5, 32, 64)
+    want = cpu_kernels.decode_attention(**args, **kw)
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda _: cpu_kernels.decode_attention(**args, **kw), range(8)))
+    assert all(torch.equal(g, want) for g in got)
+
+
+@needs_compiler
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_forked_child_starts_a_pool_of_its_own(monkeypatch):
+    """The parent's workers do not exist in a forked child (multiprocessing, data loaders): it must not wait on them."""
+    monkeypatch.setattr(cpu_kernels, "_threads", lambda: 3)
+    args, kw, _ = packed_cache(1, 9, 3, 4096, 17, 64, 4, 4, 32, 32)
+    want = cpu_kernels.decode_attention(**args, **kw)  # the parent's pool is running
+    r, w = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() of a multi-threaded process
+        pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(w, b"1" if torch.equal(cpu_kernels.decode_attention(**args, **kw), want) else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    answered = select.select([r], [], [], 120)[0]
+    if not answered:
+        os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    assert answered and os.read(r, 1) == b"1"
+    os.close(r)
+
+
+def _c_prototypes() -> dict:
+    """Exported functions of cpu_kernels.c: name -> (return ctype, [(parameter, ctype)])."""
+    ctypes_of = {"int64_t": ctypes.c_int64, "float": ctypes.c_float, "int": ctypes.c_int, "void": None}
+    found = {}
+    for ret, name, params in re.findall(r"^(\w+) (\w+)\(([^)]*)\)\s*\{", cpu_kernels.SOURCE.read_text(), re.M):
+        args = []
+        for param in [] if params.strip() == "void" else params.split(","):
+            ctype, pname = param.rsplit(None, 1)
+            args.append((pname.lstrip("*"), ctypes.c_void_p if "*" in param else ctypes_of[ctype.strip()]))
+        found[name] = (ctypes_of[ret], args)
+    return found
+
+
+def test_the_ctypes_table_declares_every_c_function_parameter_for_parameter():
+    """ctypes checks nothing itself: a wrong or missing type here would corrupt memory, not raise."""
+    assert _c_prototypes() == cpu_kernels.SIGNATURES
+    version = re.search(r"#define SP_ABI_VERSION (\d+)", cpu_kernels.SOURCE.read_text())
+    assert int(version.group(1)) == cpu_kernels.ABI_VERSION
+
+
+_VERSION_LINE = f"#define SP_ABI_VERSION {cpu_kernels.ABI_VERSION} "
+_VERSION_FUNCTION = "int sp_abi_version(void) { return SP_ABI_VERSION; }"
+
+
+@needs_compiler
+@pytest.mark.parametrize("old,new,reason", [
+    (_VERSION_LINE, _VERSION_LINE.replace(f" {cpu_kernels.ABI_VERSION} ", f" {cpu_kernels.ABI_VERSION + 1} "),
+     f"ABI version {cpu_kernels.ABI_VERSION + 1}"),
+    (_VERSION_FUNCTION, "", "sp_abi_version"),  # built before the library had a version
+], ids=["another-version", "no-version"])
+def test_a_stale_library_is_refused(old, new, reason, fresh_build, monkeypatch):
+    """A build of other signatures never runs with this table's: available() says why, select refuses it."""
+    source = cpu_kernels.SOURCE.read_text()
+    assert old in source
+    stale = fresh_build / "cpu_kernels.c"
+    stale.write_text(source.replace(old, new))
+    monkeypatch.setattr(cpu_kernels, "SOURCE", stale)
+    why = cpu_kernels.available()
+    assert why and "stale build" in why and reason in why and "delete it" in why
+    with pytest.raises(SensprofError, match="stale build"):
+        kernels.select("cpu", "cpu")
 
 
 @needs_compiler
@@ -130,7 +226,7 @@ def test_portable_build_without_native_instructions_matches(fresh_build, monkeyp
     monkeypatch.setattr(cpu_kernels, "_NATIVE", [])
     assert cpu_kernels.available() is None
     for case in CASES[:5] + [(1, 9, 3, 4096, 17, 64, 4, 4, 32, 32)]:
-        args, kw = _packed(*case)
+        args, kw, _ = packed_cache(*case)
         _close(cpu_kernels.decode_attention(**args, **kw), reference.decode_attention(**args, **kw), 1e-4)
     x = torch.randn(19, 64) * 3
     for a, b in zip(cpu_kernels.quantize_pack_tokens(x, 3, 32), reference.quantize_pack_tokens(x, 3, 32)):
@@ -178,17 +274,17 @@ def test_a_failing_compiler_is_reported_in_one_line(fresh_build, monkeypatch):
 def test_planned_cache_decodes_through_the_cpu_kernels_as_through_the_reference():
     """End to end: quantize-and-pack on append and packed decode attention, both compiled."""
     from conftest import make_tiny_model
-    from test_runtime import _decode, _plan
 
     from sensprof.runtime import PlannedCache
 
     model = make_tiny_model("llama")
-    plan = _plan(model, [("int4_c32", "int4_t32"), ("int2_c32_r8", "int3_t32_s2"), ("none", "int8_t32")], [{}] * 3)
+    plan = make_plan(model, [("int4_c32", "int4_t32"), ("int2_c32_r8", "int3_t32_s2"), ("none", "int8_t32")],
+                     [{}] * 3)
     ids = torch.randint(3, 300, (2, 72), generator=torch.Generator().manual_seed(5))
     ref_cache = PlannedCache.from_plan(plan, model, kernels="reference")
-    ref = _decode(model, ref_cache, ids)
+    ref = decode_logprobs(model, ref_cache, ids)
     cache = PlannedCache.from_plan(plan, model, kernels="cpu")
-    got = _decode(model, cache, ids)
+    got = decode_logprobs(model, cache, ids)
     assert cache.layers[0].kernels is cpu_kernels and cache.layers[0].k_store.kernels is cpu_kernels
     assert sum(layer.packed_steps for layer in cache.layers) > 0
     assert (got - ref).abs().max().item() < 1e-4

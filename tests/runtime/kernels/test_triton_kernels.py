@@ -1,0 +1,167 @@
+"""Triton kernels against their PyTorch references, under TRITON_INTERPRET=1 on the CPU.
+
+Two tiers: packing bit-exact; packed decode attention within a tight tolerance. Skipped cleanly when
+triton is absent. Each Triton test runs in a subprocess, because the interpreter switch must be set
+before triton is imported.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sensprof.runtime.kernels import triton_available
+
+needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+TESTS = Path(__file__).parents[2]  # on the path of the subprocess too: conftest, runtime.plans, ...
+
+
+def _run_interpreted(code: str):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    code = f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n" + textwrap.dedent(code)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+@needs_triton
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
+def test_triton_pack_is_bit_exact(bits):
+    out = _run_interpreted(f"""
+        import torch
+        from sensprof.runtime.kernels import reference, triton_kernels
+        codes = torch.randint(0, 2**{bits}, (3, 5, 64), generator=torch.Generator().manual_seed({bits}),
+                              dtype=torch.uint8)
+        a = triton_kernels.pack_bitplanes(codes, {bits})
+        b = reference.pack_bitplanes(codes, {bits})
+        assert torch.equal(a, b), (a - b).abs().max()
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+@needs_triton
+@pytest.mark.parametrize("bits_k,bits_v,n_splits,hq", [(4, 2, 1, 4), (3, 4, 2, 6), (2, 8, 3, 2)])
+def test_triton_decode_attention_matches_the_reference(bits_k, bits_v, n_splits, hq):
+    """hq 6 over 2 KV heads: 3 query heads share a KV head (padded to 4 lanes in the kernel)."""
+    out = _run_interpreted(f"""
+        import torch
+        from runtime.kernels.packed import packed_cache
+        from sensprof.runtime.kernels import reference, triton_kernels
+        args, kw, _ = packed_cache(bits_k={bits_k}, bits_v={bits_v}, hq={hq})
+        a = triton_kernels.decode_attention_in_splits(**args, **kw, n_splits={n_splits})
+        b = reference.decode_attention(**args, **kw)
+        err = (a - b).abs().max().item()
+        assert err < 1e-5, err
+        assert torch.equal(triton_kernels.decode_attention(**args, **kw),
+                           triton_kernels.decode_attention_in_splits(**args, **kw, n_splits=None))
+        print("ok", err)
+    """)
+    assert out.startswith("ok")
+
+
+@needs_triton
+def test_triton_quantize_pack_on_append_is_bit_exact():
+    """Head dims of 64 and 32 run the kernels; 96 and 80 (not a power of two) are handed to the reference."""
+    out = _run_interpreted("""
+        import torch
+        from sensprof.runtime.kernels import reference, triton_kernels
+        g = torch.Generator().manual_seed(0)
+        for bits in (2, 3, 4, 5, 8):
+            for d in (64, 96):
+                x = torch.randn(37, d, generator=g) * 3
+                for a, b in zip(triton_kernels.quantize_pack_tokens(x, bits, 32),
+                                reference.quantize_pack_tokens(x, bits, 32)):
+                    assert torch.equal(a, b), ("tokens", bits, d)
+            for d in (32, 80):
+                x = torch.randn(5, 64, d, generator=g)
+                for a, b in zip(triton_kernels.quantize_pack_channels(x, bits, 32),
+                                reference.quantize_pack_channels(x, bits, 32)):
+                    assert torch.equal(a, b), ("channels", bits, d)
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+@needs_triton
+def test_the_store_packs_the_other_codecs_through_triton():
+    """Codecs the fused quantizers do not cover (absmax q4_0, per-head int8) are packed by the Triton
+    pack_bitplanes, head dim 96 by the reference's; the codes are the reference store's."""
+    out = _run_interpreted("""
+        import torch
+        from sensprof.runtime.kernels import triton_kernels
+        from sensprof.runtime.store import TensorStore
+        from sensprof.schemes import get_scheme
+        calls = []
+
+        class Counted:  # the launches of the pack kernel
+            def __getitem__(self, grid, kernel=triton_kernels._pack_kernel):
+                calls.append(grid)
+                return kernel[grid]
+
+        triton_kernels._pack_kernel = Counted()
+        g = torch.Generator().manual_seed(1)
+        for name, d in (("q4_0", 64), ("int8_per_token_head", 64), ("q4_0", 96)):
+            x = torch.randn(2, 3, 40, d, generator=g) * 2
+            stores = [TensorStore(get_scheme(name), kernels=k) for k in ("triton", "reference")]
+            for s in stores:
+                s.append(x[..., :17, :])
+                s.append(x[..., 17:, :])
+            assert stores[0].kernels is triton_kernels
+            for a, b in zip(stores[0].chunks, stores[1].chunks):
+                assert torch.equal(a.codes, b.codes) and torch.equal(a.scale, b.scale), name
+            assert torch.equal(stores[0].dense(), stores[1].dense())
+        assert len(calls) == 4, calls  # two appends each of the two head-dim-64 schemes
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+@needs_triton
+def test_triton_decode_attention_reads_token_slices_of_the_cache_in_place():
+    """The runtime passes views (the positions both K and V hold packed); strides, not copies."""
+    out = _run_interpreted("""
+        import torch
+        from runtime.kernels.packed import packed_cache
+        from sensprof.runtime.kernels import reference, triton_kernels
+        args, kw, _ = packed_cache(t=96)
+        a0, a1 = 32, 96
+        args.update(k_codes=args["k_codes"][:, :, :, a0:a1], k_scale=args["k_scale"][:, :, 1:3],
+                    k_zero=args["k_zero"][:, :, 1:3], v_codes=args["v_codes"][:, :, :, a0:a1],
+                    v_scale=args["v_scale"][:, :, a0:a1], v_zero=args["v_zero"][:, :, a0:a1])
+        assert not args["k_codes"].is_contiguous()
+        a = triton_kernels.decode_attention_in_splits(**args, **kw, n_splits=2)
+        b = reference.decode_attention(**args, **kw)
+        err = (a - b).abs().max().item()
+        assert err < 1e-5, err
+        print("ok", err)
+    """)
+    assert out.startswith("ok")
+
+
+@needs_triton
+def test_planned_cache_decodes_through_the_triton_kernels_as_through_the_reference():
+    """End to end in the interpreter: quantize-and-pack on append and packed decode attention, both Triton."""
+    out = _run_interpreted("""
+        import torch
+        from conftest import make_tiny_model
+        from runtime.plans import decode_logprobs, make_plan
+        from sensprof.runtime import PlannedCache
+        from sensprof.runtime.kernels import triton_kernels
+        model = make_tiny_model("llama")
+        plan = make_plan(model, [("int4_c32", "int4_t32"), ("int2_c32_r8", "int3_t32_s2"), ("none", "int8_t32")],
+                         [{}] * 3)
+        ids = torch.randint(3, 300, (2, 72), generator=torch.Generator().manual_seed(5))
+        ref = decode_logprobs(model, PlannedCache.from_plan(plan, model, kernels="reference"), ids)
+        cache = PlannedCache.from_plan(plan, model, kernels="triton")
+        got = decode_logprobs(model, cache, ids)
+        assert cache.layers[0].kernels is triton_kernels and cache.layers[0].k_store.kernels is triton_kernels
+        assert cache.layers[0].packed_steps > 0 and cache.layers[1].packed_steps > 0
+        err = (got - ref).abs().max().item()
+        assert err < 1e-4, err
+        print("ok", err)
+    """)
+    assert out.startswith("ok")

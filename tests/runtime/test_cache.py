@@ -1,0 +1,134 @@
+"""PlannedCache and PlannedLayer: decoding as the profiler predicted, bytes as the plan priced, sliding windows,
+refused plans, and which decode steps the kernel serves."""
+
+import types
+
+import pytest
+import torch
+import transformers as tf
+from conftest import make_tiny_model, tiny_config
+from runtime.plans import decode_logprobs, make_plan
+
+from sensprof.errors import SensprofError
+from sensprof.hooks import attention_taps
+from sensprof.memory import layer_cache_bytes
+from sensprof.models import describe_layers
+from sensprof.runtime import PlannedCache
+from sensprof.runtime.generate import cache_kwarg
+from sensprof.runtime.kernels import reference
+from sensprof.schemes import get_scheme
+from sensprof.taps import QuantTap, StatsTap
+
+
+def _calibration(model, ids):
+    with attention_taps(model) as sess, torch.no_grad():
+        taps = [StatsTap(sess, i) for i in range(len(describe_layers(model)))]
+        for i, t in enumerate(taps):
+            sess.set_tap(i, t)
+        model(ids)
+        sess.clear_taps()
+    return [{k: st.head_absmax.tolist() for k, st in t.stats.items()} for t in taps]
+
+
+def _fake_quant_logprobs(model, plan, ids):
+    with attention_taps(model) as sess, torch.no_grad():
+        for p in plan.layers:
+            pair = tuple(None if n == "none" else get_scheme(n) for n in (p.k_scheme, p.v_scheme))
+            cal = {k: torch.tensor(v) for k, v in p.absmax.items()}
+            sess.set_tap(p.layer, QuantTap(sess, p.layer, [pair], ids.shape[0], cal, local=False))
+        return model(ids, use_cache=False).logits.log_softmax(-1)
+
+
+@pytest.mark.parametrize("arch,pairs", [
+    ("llama", [("int4_c32", "int4_t32"), ("q4_0", "int3_t32_r16"), ("fp8_e4m3", "int8")]),
+    ("gemma3", [("int4_c32", "int4_t32"), ("int2_t32_s2", "fp8_e4m3_cal"), ("int8_per_token_head", "none")]),
+])
+def test_decoding_matches_the_profilers_fake_quantization(arch, pairs, device):
+    """Token by token, the runtime gives the next-token log-probabilities the profiler predicted."""
+    model = make_tiny_model(arch).to(device)
+    ids = torch.randint(3, 300, (2, 70), generator=torch.Generator().manual_seed(1)).to(device)
+    plan = make_plan(model, pairs, _calibration(model, ids))
+    ref = _fake_quant_logprobs(model, plan, ids)
+    cache = PlannedCache.from_plan(plan, model)
+    run = decode_logprobs(model, cache, ids)
+    with torch.no_grad():
+        plain = model(ids, use_cache=False).logits.log_softmax(-1)
+    assert (run - plain).abs().max() > 1e-3  # the quantization is real...
+    assert (run - ref).abs().max() < 1e-4  # ...and exactly what the profile measured
+    if arch == "llama":  # layer 0 (int4_c32 / int4_t32, full attention) was read by the packed kernel
+        assert cache.layers[0].packed_steps > 0
+
+
+def _bf16_llama(head_dim=64, positions=4608):
+    cfg, _ = tiny_config("llama")
+    cfg = tf.LlamaConfig(**{**cfg.to_dict(), "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2,
+                            "head_dim": head_dim, "max_position_embeddings": positions, "num_hidden_layers": 2})
+    torch.manual_seed(0)
+    return tf.LlamaForCausalLM(cfg).eval().to(torch.bfloat16)
+
+
+def test_nbytes_equals_the_plan_prediction_and_4bit_is_3_5x_smaller_at_4k(device):
+    model = _bf16_llama().to(device)
+    n = 4096
+    ids = torch.randint(3, 300, (1, n), generator=torch.Generator().manual_seed(2)).to(device)
+    pairs = [("int4_c128", "int4_t64")] * 2
+    plan = make_plan(model, pairs, [{}] * 2)
+    cache = PlannedCache.from_plan(plan, model)
+    with torch.no_grad():
+        model(ids, use_cache=True, **{cache_kwarg(model): cache})
+    predicted = sum(layer_cache_bytes(get_scheme(k), n, 2, 64) + layer_cache_bytes(get_scheme(v), n, 2, 64)
+                    for k, v in pairs)
+    assert cache.nbytes() == pytest.approx(predicted, rel=0.02)
+    dyn = tf.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, use_cache=True, **{cache_kwarg(model): dyn})
+    dense = sum(t.numel() * t.element_size() for layer in dyn.layers for t in (layer.keys, layer.values))
+    assert dense / cache.nbytes() >= 3.5
+
+
+def test_sliding_layers_keep_only_their_window(device):
+    model = make_tiny_model("gemma3").to(device)  # layers 0, 1 slide over 8 tokens
+    plan = make_plan(model, [("int4_t32", "int4_t32"), ("none", "none"), ("none", "none")], [{}] * 3)
+    cache = PlannedCache.from_plan(plan, model)
+    ids = torch.randint(3, 300, (1, 1), generator=torch.Generator().manual_seed(3)).to(device)
+    sizes = []
+    with torch.no_grad():
+        for _ in range(40):
+            out = model(ids, use_cache=True, **{cache_kwarg(model): cache})
+            ids = out.logits[:, -1:].argmax(-1)
+            sizes.append(cache.layers[1].nbytes())
+    assert sizes[-1] == sizes[20] > 0  # the sliding layer stopped growing
+    assert cache.layers[2].nbytes() > 3 * sizes[-1]  # the full layer did not
+
+
+def test_plan_for_another_model_and_unstorable_schemes_are_refused():
+    model = make_tiny_model("llama")
+    plan = make_plan(model, [("int4_c32", "int4_t32")] * 3, [{}] * 3)
+    with pytest.raises(SensprofError, match="another model"):
+        PlannedCache.from_plan(plan, make_tiny_model("llama", seed=1))
+    pre = make_plan(model, [("int4_c32_pre", "int4_t32")] * 3, [{}] * 3)
+    with pytest.raises(SensprofError, match="cannot store"):
+        PlannedCache.from_plan(pre, model)
+    cal = make_plan(model, [("fp8_e4m3_cal", "none")] * 3, [{}] * 3)
+    with pytest.raises(SensprofError, match="calibrated"):
+        PlannedCache.from_plan(cal, model)
+
+
+def test_a_head_dim_the_triton_tiles_cannot_span_is_read_densely():
+    """A backend that declares NEEDS_POWER_OF_TWO_HEAD_DIM is not asked to decode head dim 24."""
+    cfg, _ = tiny_config("llama")
+    cfg = tf.LlamaConfig(**{**cfg.to_dict(), "head_dim": 24, "num_hidden_layers": 1})
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(cfg).eval()
+    plan = make_plan(model, [("int4_c32", "int4_t32")], [{}])
+    ids = torch.randint(3, 300, (1, 48), generator=torch.Generator().manual_seed(7))
+    steps = {}
+    for name, ops in (("reference", reference),
+                      ("triton-like", types.SimpleNamespace(NEEDS_POWER_OF_TWO_HEAD_DIM=True,
+                                                            decode_attention=reference.decode_attention))):
+        cache = PlannedCache.from_plan(plan, model, kernels="reference")
+        cache.layers[0].lazy_initialization(torch.zeros(1), None)
+        cache.layers[0].kernels = ops
+        decode_logprobs(model, cache, ids)
+        steps[name] = cache.layers[0].packed_steps
+    assert steps["reference"] > 0 and steps["triton-like"] == 0
