@@ -6,6 +6,7 @@ budget, within what the target engine can express (see targets.py).
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -45,6 +46,10 @@ def problem_from_table(table, layers: list[dict], objective: str = "kl", robust:
     col = OBJECTIVES[objective]
     damage = {(int(r.layer), str(r.tensor), str(r.scheme)):
               float(getattr(r, col)) + (robust * float(r.kl_std) if robust else 0.0) for r in table.itertuples()}
+    for (layer, tensor, scheme), value in damage.items():
+        if not math.isfinite(value):  # the solver cannot weigh it; load_profile refuses such tables already
+            raise SensprofError(f"the {col} of layer {layer} {tensor} {scheme} is {value}, not a finite number; "
+                                "re-run `sensprof profile` for a sound table")
     n = len(layers)
     options = {}
     for tensor in ("K", "V"):

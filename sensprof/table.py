@@ -71,10 +71,46 @@ def read_json(path: str, what: str):
         raise SensprofError(f"{what} {path!r} is corrupt (not valid JSON); delete it and re-run `sensprof profile`") from None
 
 
-def write_csv(path: str, rows: list[dict], columns: list[str]) -> None:
+def _csv_text(rows: list[dict], columns: list[str]) -> str:
     import pandas as pd
 
-    atomic_write_text(path, pd.DataFrame(rows, columns=columns).to_csv(index=False))
+    return pd.DataFrame(rows, columns=columns).to_csv(index=False)
+
+
+def write_csv(path: str, rows: list[dict], columns: list[str]) -> None:
+    atomic_write_text(path, _csv_text(rows, columns))
+
+
+def check_writable(path: str, flag: str = "--out", kind: str = "dir") -> None:
+    """Refuse an output path that cannot be written, before any work: a directory where a file goes (`kind`
+    "file") or a file where a directory goes, or one in a read-only place. Probes the nearest existing
+    directory with a temporary file, so nothing is created and nothing existing changes."""
+    if kind == "file" and os.path.isdir(path):
+        raise SensprofError(f"{flag} {path!r} is a directory; pass a file path, e.g. "
+                            f"{os.path.join(path, 'out.json')!r}")
+    if kind == "dir" and os.path.exists(path) and not os.path.isdir(path):
+        raise SensprofError(f"{flag} {path!r} is a file; pass a directory path")
+    d = os.path.abspath(path if kind == "dir" else os.path.dirname(os.path.abspath(path)))
+    while not os.path.exists(d):
+        d = os.path.dirname(d)
+    try:
+        if not os.path.isdir(d):
+            raise NotADirectoryError(20, f"{d} is a file")
+        fd, probe = tempfile.mkstemp(dir=d, prefix=".tmp-probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise SensprofError(f"cannot write to {flag} {path!r} ({e.strerror or e}); pass a path in a writable "
+                            "directory") from None
+
+
+def remove_temp_files(out_dir: str) -> None:
+    """Delete the temporary files a killed run left in a profile directory (atomic writes not renamed yet)."""
+    for d in (out_dir, os.path.join(out_dir, PARTS)):
+        if os.path.isdir(d):
+            for name in os.listdir(d):
+                if name.startswith(".tmp-") and os.path.isfile(os.path.join(d, name)):
+                    os.unlink(os.path.join(d, name))
 
 
 def part_path(out_dir: str, layer: int) -> str:
@@ -84,19 +120,22 @@ def part_path(out_dir: str, layer: int) -> str:
 def check_out_dir(out_dir: str, settings: dict) -> dict | None:
     """Return the existing metadata to resume from, or None for a fresh directory.
 
-    Refuses a directory that holds something else, or a profile of another model or settings.
+    Refuses a directory that cannot be written, holds something else, or a profile of another model or settings.
+    Resuming, removes the temporary files of a killed run and rebuilds the tables and meta.json's layers_done
+    from parts/ (sync_with_parts), so a kill right after a part is written loses nothing.
     """
+    check_writable(out_dir)
     if not os.path.exists(out_dir):
         return None
-    if not os.path.isdir(out_dir):
-        raise SensprofError(f"--out {out_dir!r} is a file; pass a directory path")
     entries = {e for e in os.listdir(out_dir) if not e.startswith(".tmp-")}
     if not entries:
+        remove_temp_files(out_dir)
         return None
     if META not in entries:
         if entries - OWN_FILES:
             raise SensprofError(
                 f"--out {out_dir!r} is not empty and holds no sensprof profile; pass a new or empty directory")
+        remove_temp_files(out_dir)
         return None
     meta = load_meta(out_dir)
     old = meta.get("settings", {})
@@ -106,7 +145,8 @@ def check_out_dir(out_dir: str, settings: dict) -> dict | None:
         raise SensprofError(
             f"--out {out_dir!r} holds a profile of a different model or settings ({'; '.join(diffs[:3])}); "
             "pass another --out or delete that directory")
-    return meta
+    remove_temp_files(out_dir)
+    return sync_with_parts(out_dir, meta)
 
 
 def check_artifact(obj, kind: str, version: int, where: str, what: str, command: str) -> None:
@@ -120,9 +160,30 @@ def check_artifact(obj, kind: str, version: int, where: str, what: str, command:
             f"{version}: re-run `sensprof {command}`")
 
 
+LAYER_KEYS = ("index", "kind", "window", "kv_heads", "head_dim")
+
+
 def load_meta(out_dir: str) -> dict:
-    meta = read_json(os.path.join(out_dir, META), "profile metadata")
+    path = os.path.join(out_dir, META)
+    meta = read_json(path, "profile metadata")
     check_artifact(meta, KIND, FORMAT_VERSION, out_dir, "profile", "profile")
+    layers, model = meta.get("layers"), meta.get("model")
+    problem = None
+    if not isinstance(meta.get("settings"), dict):
+        problem = "it has no 'settings'"
+    elif not isinstance(model, dict) or not {"id", "fingerprint"} <= set(model):
+        problem = "it has no 'model' id and fingerprint"
+    elif not isinstance(layers, list) or not layers:
+        problem = "it has no 'layers'"
+    elif any(not isinstance(x, dict) or not set(LAYER_KEYS) <= set(x) for x in layers) or \
+            [x["index"] for x in layers] != list(range(len(layers))):
+        problem = f"its 'layers' are not layers 0-{len(layers) - 1} with {', '.join(LAYER_KEYS)}"
+    elif not isinstance(meta.get("layers_done", []), list) or \
+            not set(meta.get("layers_done", [])) <= set(range(len(layers))):
+        problem = "its 'layers_done' are not layer indices"
+    if problem:
+        raise SensprofError(f"profile metadata {path!r} is damaged ({problem}); delete that directory and re-run "
+                            "`sensprof profile`")
     return meta
 
 
@@ -132,16 +193,116 @@ def load_parts(out_dir: str) -> dict[int, dict]:
     if os.path.isdir(d):
         for name in sorted(os.listdir(d)):
             if name.startswith("layer_") and name.endswith(".json"):
-                part = read_json(os.path.join(d, name), "profile part")
-                parts[int(part["layer"])] = part
+                path = os.path.join(d, name)
+                part = read_json(path, "profile part")
+                if not (isinstance(part, dict) and isinstance(part.get("layer"), int)
+                        and isinstance(part.get("rows"), list) and isinstance(part.get("heads"), list)):
+                    raise SensprofError(f"profile part {path!r} is damaged (no layer, rows and heads); delete it and "
+                                        "re-run the same `sensprof profile` command to redo that layer")
+                parts[part["layer"]] = part
     return parts
 
 
-def write_tables(out_dir: str, parts: dict[int, dict]) -> None:
+def _table_texts(parts: dict[int, dict]) -> dict[str, str]:
     rows = [{"measured": True, **r} for layer in sorted(parts) for r in parts[layer]["rows"]]
     heads = [r for layer in sorted(parts) for r in parts[layer]["heads"]]
-    write_csv(os.path.join(out_dir, TABLE), rows, TABLE_COLUMNS)
-    write_csv(os.path.join(out_dir, HEADS), heads, HEAD_COLUMNS)
+    return {TABLE: _csv_text(rows, TABLE_COLUMNS), HEADS: _csv_text(heads, HEAD_COLUMNS)}
+
+
+def write_tables(out_dir: str, parts: dict[int, dict]) -> None:
+    for name, text in _table_texts(parts).items():
+        atomic_write_text(os.path.join(out_dir, name), text)
+
+
+def sync_with_parts(out_dir: str, meta: dict) -> dict:
+    """Bring profile.csv, heads.csv and meta.json's layers_done / complete up to what parts/ holds (a kill
+    after a part is written and before they are leaves them behind); rewrites only what differs. Returns meta."""
+    import pandas as pd
+
+    parts = load_parts(out_dir)
+    for layer, part in parts.items():
+        check_cells(pd.DataFrame(part["rows"], columns=TABLE_COLUMNS), f"profile part {part_path(out_dir, layer)!r}",
+                    "delete it and re-run the same `sensprof profile` command to redo that layer")
+    for name, text in _table_texts(parts).items():
+        path = os.path.join(out_dir, name)
+        try:
+            with open(path, encoding="utf-8", newline="") as f:
+                same = f.read() == text
+        except (OSError, UnicodeDecodeError):
+            same = False
+        if not same:
+            atomic_write_text(path, text)
+    done = {"layers_done": sorted(parts), "complete": len(parts) == len(meta["layers"])}
+    if any(meta.get(k) != v for k, v in done.items()):
+        meta = {**meta, **done}
+        write_json(os.path.join(out_dir, META), meta)
+    return meta
+
+
+METRICS = ("bits", "kl", "kl_std", "dnll", "attn_kl", "out_rel_l2")
+# dnll may be negative (quantization noise can lower the NLL a little); the others are distances
+NONNEGATIVE = ("layer", "head", "bits", "kl", "kl_std", "attn_kl", "out_rel_l2")
+
+
+def check_cells(table, where: str, fix: str) -> None:
+    """Refuse a table (profile.csv, heads.csv or a part's rows) with a value that is not a number, NaN, infinite,
+    or a negative distance in a metric column: the planner would fail on it or trust it."""
+    import numpy as np
+    import pandas as pd
+
+    for col in [c for c in ("layer", "head", *METRICS) if c in table.columns]:
+        values = pd.to_numeric(table[col], errors="coerce")
+        for bad, why in ((values.isna() & table[col].notna(), "not a number"), (~np.isfinite(values), "not finite"),
+                         ((values < 0) & (col in NONNEGATIVE), "negative, which a distance cannot be")):
+            if bad.any():
+                i = bad.idxmax()
+                v = table[col][i]
+                cell = " ".join(f"{'head ' if c == 'head' else ''}{table[c][i]}"
+                                for c in ("layer", "tensor", "scheme", "head") if c in table)
+                shown = v if isinstance(v, str) else f"{float(v):g}"
+                raise SensprofError(f"{where} has {col} = {shown} at layer {cell}, which is {why}; {fix}")
+
+
+def _check_whole_line(path: str, where: str, fix: str) -> None:
+    """sensprof writes each table whole, ending in a newline; a last line without one was cut off."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell():
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                raise SensprofError(f"{where} is truncated (its last line is cut off); {fix}")
+
+
+def expected_cells(meta: dict, layers) -> set[tuple[int, str, str]]:
+    """The (layer, tensor, scheme) cells a profile of these settings holds for `layers`, as the profiler picks
+    them: each tensor's menu, less schemes for the other tensor and pre-RoPE keys of layers without RoPE."""
+    from .schemes import get_scheme
+
+    settings, has_rope = meta["settings"], meta.get("has_rope") or []
+    out = set()
+    for tensor in ("K", "V"):
+        for name in settings.get(f"{tensor.lower()}_schemes") or []:
+            try:
+                s = get_scheme(name)
+            except SensprofError:  # a scheme this version does not know: its cells are not checked
+                continue
+            if s.applies_to(tensor) and not s.is_identity:
+                out |= {(i, tensor, name) for i in layers
+                        if not s.pre_rope or (has_rope[i] if i < len(has_rope) else True)}
+    return out
+
+
+def check_absmax(by_tensor, where: str, fix: str) -> None:
+    """Calibration absmax (tensor -> per-KV-head values) must be finite numbers >= 0: they become scales."""
+    import math
+
+    if not isinstance(by_tensor, dict):
+        raise SensprofError(f"{where} has calibration {str(by_tensor)[:60]} where tensor -> absmax belongs; {fix}")
+    for tensor, values in by_tensor.items():
+        if not isinstance(values, list) or any(isinstance(v, bool) or not isinstance(v, (int, float))
+                                               or not math.isfinite(v) or v < 0 for v in values):
+            raise SensprofError(f"{where} has a {tensor} calibration absmax that is not finite numbers >= 0 "
+                                f"({str(values)[:60]}); {fix}")
 
 
 @dataclass
@@ -167,7 +328,12 @@ def load_profile(out_dir: str, require_complete: bool = False) -> Profile:
         raise SensprofError(
             f"profile {out_dir!r} is partial (layers {compact_ranges(missing)} missing); finish it with "
             "`sensprof profile` or join its parts with `sensprof merge`")
+    rebuild = "re-run the same `sensprof profile` (or `sensprof merge`) command: it rebuilds the table from parts/"
+    redo = "delete it and re-run the same `sensprof profile` command (finished layers are kept)"
     try:
+        for name in (TABLE, HEADS, STATS):
+            _check_whole_line(os.path.join(out_dir, name), f"{name} of profile {out_dir!r}",
+                              redo if name == STATS else rebuild)
         table = pd.read_csv(os.path.join(out_dir, TABLE))
         heads = pd.read_csv(os.path.join(out_dir, HEADS))
         stats = pd.read_csv(os.path.join(out_dir, STATS))
@@ -179,7 +345,19 @@ def load_profile(out_dir: str, require_complete: bool = False) -> Profile:
         table["measured"] = True
     if list(table.columns) != TABLE_COLUMNS:
         raise SensprofError(f"profile {out_dir!r} has an unexpected table layout; re-run `sensprof profile`")
+    check_cells(table, f"{TABLE} of profile {out_dir!r}", rebuild)
+    check_cells(heads, f"{HEADS} of profile {out_dir!r}", rebuild)
+    missing = expected_cells(meta, meta.get("layers_done", [])) - set(
+        zip(table.layer.astype(int), table.tensor.astype(str), table.scheme.astype(str)))
+    if missing:
+        layer, tensor, scheme = min(missing)
+        raise SensprofError(f"{TABLE} of profile {out_dir!r} is incomplete: it lacks {len(missing)} cells of the "
+                            f"layers meta.json lists as done (e.g. layer {layer} {tensor} {scheme}); {rebuild}")
     calibration = read_json(os.path.join(out_dir, CALIBRATION), "calibration")
+    if not isinstance(calibration, dict):
+        raise SensprofError(f"calibration of profile {out_dir!r} is not a mapping of layers; {redo}")
+    for layer, by_tensor in calibration.items():
+        check_absmax(by_tensor, f"calibration.json of profile {out_dir!r} (layer {layer})", redo)
     return Profile(table, heads, stats, meta, calibration, out_dir)
 
 
@@ -207,10 +385,13 @@ def length_profiles(profile: Profile) -> dict[int, Profile]:
 
 def merge_profiles(dirs: list[str], out_dir: str) -> dict:
     """Join profiles of the same model and settings computed for different layers (e.g. on several machines)."""
-    import shutil
-
     if not dirs:
         raise SensprofError("merge needs at least one profile directory")
+    for d in dirs:
+        if os.path.abspath(d) == os.path.abspath(out_dir) or (os.path.exists(out_dir) and os.path.exists(d)
+                                                              and os.path.samefile(d, out_dir)):
+            raise SensprofError(f"merge --out {out_dir!r} is also one of its inputs, which it would rewrite; pass a "
+                                "new directory as --out")
     metas = [load_meta(d) for d in dirs]
     base = metas[0]
     for d, m in zip(dirs[1:], metas[1:]):
@@ -231,10 +412,8 @@ def merge_profiles(dirs: list[str], out_dir: str) -> dict:
     for layer, part in parts.items():
         write_json(part_path(out_dir, layer), part)
     for name in (CALIBRATION, STATS):
-        src = os.path.join(dirs[0], name)
-        if os.path.abspath(src) != os.path.abspath(os.path.join(out_dir, name)):
-            shutil.copyfile(src, os.path.join(out_dir, name + ".tmp-merge"))
-            os.replace(os.path.join(out_dir, name + ".tmp-merge"), os.path.join(out_dir, name))
+        with open(os.path.join(dirs[0], name), "rb") as f:
+            atomic_write_bytes(os.path.join(out_dir, name), f.read())
     write_tables(out_dir, parts)
     meta = dict(base)
     meta["layers_done"] = sorted(parts)

@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -135,56 +134,117 @@ def _profile_args(model_dir, out):
             "int4_c32,int2_t32,fp8_e4m3,q4_0", "--out", out, "--quiet", "--device", "cpu"]
 
 
-def test_resume_after_kill_9(deep_model_dir, tmp_path):
+# The CLI in a subprocess that stops dead right after writing one layer's part file (before the tables and
+# meta.json catch up, the worst moment for a kill) and says so, so the test kills it there every time.
+STOP_AFTER_PART = """
+import os, sys, time
+import sensprof.profile as profile
+real = profile.write_json
+stop = "layer_%04d.json" % int(os.environ["STOP_AFTER_LAYER"])
+
+def write_json(path, obj):
+    real(path, obj)
+    if os.path.basename(path) == stop:
+        print("PART WRITTEN", flush=True)
+        time.sleep(600)
+
+profile.write_json = write_json
+from sensprof.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def deep_reference(deep_model_dir, tmp_path_factory):
+    """The uninterrupted CLI run of the 16-layer model."""
     from sensprof.cli import main
 
-    out = str(tmp_path / "killed")
-    cmd = [sys.executable, "-m", "sensprof", *_profile_args(deep_model_dir, out)]
-    log = open(tmp_path / "killed.log", "wb")
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_cli_env(), stdout=log, stderr=subprocess.STDOUT)
+    ref = str(tmp_path_factory.mktemp("deep-ref") / "uninterrupted")
+    assert main(_profile_args(deep_model_dir, ref)) == 0
+    return ref
+
+
+def _kill_after_part(cmd_args, layer, cwd) -> None:
+    """Run the CLI until it has written `layer`'s part, then kill -9 it there."""
+    proc = subprocess.Popen([sys.executable, "-c", STOP_AFTER_PART, *cmd_args], cwd=cwd,
+                            env={**_cli_env(), "STOP_AFTER_LAYER": str(layer)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 240
-        while not _parts(out) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
-        if not _parts(out):
-            proc.kill()
-            proc.wait()
-            log.close()
-            pytest.fail("no part file appeared; the CLI said:\n" + (tmp_path / "killed.log").read_text()[-3000:])
+        lines = []
+        for line in proc.stdout:  # ends if the run exits without writing that part
+            lines.append(line)
+            if line.strip() == b"PART WRITTEN":
+                break
+        else:
+            pytest.fail("the run ended before writing the part; it said:\n" + b"".join(lines).decode()[-3000:])
         proc.send_signal(signal.SIGKILL)
-        rc = proc.wait(timeout=60)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        log.close()
-    done_before = _parts(out)
-    if rc == 0 or len(done_before) == 16:
-        pytest.skip(f"the run finished before the kill (rc {rc}, {len(done_before)} parts); nothing to resume")
-    assert rc == -signal.SIGKILL
-    assert 1 <= len(done_before) < 16
-    kept = {name: _bytes(out, os.path.join("parts", name)) for name in done_before}
+        proc.stdout.close()
 
-    # resume with the same command; meanwhile the uninterrupted run, in process (one thread like the CLI's)
-    with open(tmp_path / "resumed.log", "wb") as log:
-        resume = subprocess.Popen(cmd, cwd=tmp_path, env=_cli_env(), stdout=log, stderr=subprocess.STDOUT)
-        try:
-            ref = str(tmp_path / "uninterrupted")
-            assert main(_profile_args(deep_model_dir, ref)) == 0
-            rc = resume.wait(timeout=300)
-        finally:
-            if resume.poll() is None:
-                resume.kill()
-                resume.wait()
-    assert rc == 0, (tmp_path / "resumed.log").read_text()[-3000:]
+
+@pytest.mark.parametrize("layer", [6, 15], ids=["mid-run", "after-the-last-part"])
+def test_resume_after_kill_9(deep_model_dir, deep_reference, tmp_path, layer):
+    out = str(tmp_path / "killed")
+    args = _profile_args(deep_model_dir, out)
+    _kill_after_part(args, layer, tmp_path)
+    done_before = _parts(out)
+    assert done_before == [f"layer_{i:04d}.json" for i in range(layer + 1)]
+    meta = json.loads(_bytes(out, "meta.json"))
+    assert meta["layers_done"] == list(range(layer)) and meta["complete"] is False  # meta.json is a layer behind
+    kept = {name: _bytes(out, os.path.join("parts", name)) for name in done_before}
+    with open(os.path.join(out, ".tmp-abcdprofile.csv"), "w") as f:  # what a kill during an atomic write leaves
+        f.write("layer,layer_kind\n0,fu")
+
+    r = subprocess.run([sys.executable, "-m", "sensprof", *args], cwd=tmp_path, env=_cli_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert _parts(out) == [f"layer_{i:04d}.json" for i in range(16)]
     for name, data in kept.items():  # finished layers were not redone
         assert _bytes(out, os.path.join("parts", name)) == data, name
     meta = json.loads(_bytes(out, "meta.json"))
     assert meta["complete"] is True and meta["layers_done"] == list(range(16))
-    _assert_same_tables(out, ref)
+    _assert_same_tables(out, deep_reference)
+    assert not [n for n in os.listdir(out) if n.startswith(".tmp-")]
     prof = load_profile(out, require_complete=True)
     assert len(prof.table) == 16 * 8
+
+
+def test_complete_rerun_rebuilds_tables_left_behind(reference, tmp_path, monkeypatch):
+    """Every part written but the tables and meta.json a layer behind (a kill between them): re-running the same
+    profile computes nothing, rebuilds profile.csv, heads.csv and meta.json from parts/ and drops temp files."""
+    import pandas as pd
+
+    model, ref_dir = reference
+    out = str(tmp_path / "behind")
+    shutil.copytree(ref_dir, out)
+    meta = json.loads(_bytes(out, "meta.json"))
+    meta.update(layers_done=[0, 1], complete=False)
+    with open(os.path.join(out, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    for name in ("profile.csv", "heads.csv"):
+        t = pd.read_csv(os.path.join(out, name))
+        t[t.layer < 2].to_csv(os.path.join(out, name), index=False)
+    for name in (".tmp-x1meta.json", os.path.join("parts", ".tmp-x2layer_0002.json")):
+        with open(os.path.join(out, name), "w") as f:
+            f.write("{")
+    with pytest.raises(SensprofError, match="partial"):
+        load_profile(out, require_complete=True)
+
+    calls = []
+    monkeypatch.setattr(profile_mod, "profile_layer", lambda *a, **k: calls.append(a[2]))
+    prof = run_profile(model, _ids(), parse_schemes(SCHEMES), out_dir=out, progress=False)
+    assert calls == []
+    assert prof.meta["complete"] is True and prof.meta["layers_done"] == [0, 1, 2]
+    _assert_same_tables(out, ref_dir)
+    assert json.loads(_bytes(out, "meta.json")) == json.loads(_bytes(ref_dir, "meta.json"))
+    assert not [n for d in (out, os.path.join(out, "parts")) for n in os.listdir(d) if n.startswith(".tmp-")]
+    stamp = {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in ("profile.csv", "heads.csv", "meta.json")}
+    run_profile(model, _ids(), parse_schemes(SCHEMES), out_dir=out, progress=False)  # up to date: nothing rewritten
+    assert {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in stamp} == stamp
 
 
 # ---------------------------------------------------------------- (c) directories that are not this profile

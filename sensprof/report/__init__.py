@@ -9,27 +9,14 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
 
 from .. import __version__
 from ..errors import SensprofError
-from ..table import atomic_write_bytes, atomic_write_text, load_profile
+from ..table import atomic_write_bytes, atomic_write_text, check_writable, load_profile
 from . import data, plots
 from .html import Section, Table, page
 
 HTML_NAME = "report.html"
-
-
-def _check_out_dir(out_dir: str) -> None:
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise SensprofError(f"--out {out_dir!r} is a file; pass a directory path")
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=out_dir, prefix=".tmp-probe")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise SensprofError(f"cannot write to --out {out_dir!r} ({e.strerror or e}); pass a writable directory") from None
 
 
 def _stem(path: str, taken: set[str]) -> str:
@@ -207,7 +194,7 @@ def write_report(profile_dir: str, out_dir: str, plans=(), sweeps=(), metric: st
     loaded_plans = [(p, data.load_report_plan(p, profile.meta)) for p in plans]
     damages = [data.plan_damage(plan, p, profile.table, profile.meta) for p, plan in loaded_plans]
     loaded_sweeps = [(s, data.sweep_points(s, profile.table, profile.meta)) for s in sweeps]
-    _check_out_dir(out_dir)
+    check_writable(out_dir)
 
     sections = _profile_sections(profile, metric, reference)
     by_length = data.damage_by_length(profile)
