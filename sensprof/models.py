@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import struct
 from dataclasses import asdict, dataclass
 
 from .errors import SensprofError
@@ -133,12 +134,17 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "auto", dtype: str | Non
     try:
         with _quiet_hub():
             config = AutoConfig.from_pretrained(src["path"], **kwargs)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, IndexError, struct.error) as e:
         if src["kind"] == "hub":
             raise SensprofError(
                 f"unknown model or alias {name!r}: not a built-in alias ({', '.join(BUILTIN_MODELS)}), "
-                f"a local directory or .gguf file, nor a reachable hub id ({str(e).splitlines()[0][:160]})") from None
-        raise SensprofError(f"cannot read the model config of {name!r}: {str(e).splitlines()[0][:200]}") from None
+                f"a local directory or .gguf file, nor a reachable hub id ({_first_line(e, 160)})") from None
+        raise _unreadable(name, src, e, "the model config of", "pass a model directory with a valid config.json") \
+            from None
+    if src["kind"] == "local":
+        _check_local_weights(src["path"], name)
+    if not src["gguf_file"]:
+        kwargs["use_safetensors"] = True  # never fall back to pickle weights (unpickling can run code)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             src["path"], dtype=getattr(torch, dtype), attn_implementation="eager",
@@ -149,7 +155,18 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "auto", dtype: str | Non
             raise SensprofError(
                 f"{name!r} ({getattr(config, 'model_type', '?')}) is not a causal language model transformers can "
                 "load with AutoModelForCausalLM; pass a decoder-only LM") from None
-        raise SensprofError(f"cannot load {name!r}: {msg[:200]}") from None
+        raise _unreadable(name, src, e, "the weights of", "pass a complete model") from None
+    except (OSError, struct.error) as e:
+        raise _unreadable(name, src, e, "the weights of", "sensprof loads safetensors weights only: pass a model "
+                          "that has them") from None
+    except Exception as e:  # safetensors' own error type for a truncated or damaged file; tensors of other shapes
+        if type(e).__name__ == "SafetensorError":
+            raise SensprofError(f"the weights of {name!r} are truncated or damaged ({_first_line(e, 160)}); download "
+                                "or save them again") from None
+        if isinstance(e, RuntimeError) and "mismatched" in str(e):
+            raise SensprofError(f"the weights of {name!r} do not match its config (tensors of other shapes); pass a "
+                                "complete, unmodified model") from None
+        raise
     if not device_map:
         model.to(device)
     model.eval()
@@ -159,6 +176,47 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "auto", dtype: str | Non
         raise SensprofError(f"cannot load the tokenizer of {name!r}: {str(e).splitlines()[0][:200]}") from None
     describe_layers(model)  # refuse models without hookable attention now, not mid-run
     return LoadedModel(model, tokenizer, name, {**src, "device": device, "dtype": dtype})
+
+
+def _first_line(e: Exception, n: int = 200) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:n]
+
+
+def _damaged_gguf(path: str, e: Exception) -> SensprofError:
+    return SensprofError(f"GGUF file {path!r} is truncated or damaged ({_first_line(e, 120)}); download or convert "
+                         "it again")
+
+
+def _unreadable(name: str, src: dict, e: Exception, what: str, fix: str) -> SensprofError:
+    """The error for a model transformers could not read: for a GGUF file that gguf's own reader cannot parse
+    either, that it is truncated or damaged (the reader's message, e.g. a failed reshape, does not say so)."""
+    if src.get("gguf_file"):
+        from gguf import GGUFReader
+
+        path = os.path.join(src["path"], src["gguf_file"])
+        try:
+            GGUFReader(path)
+        except (OSError, ValueError, IndexError, struct.error) as damage:
+            return _damaged_gguf(path, damage)
+    return SensprofError(f"cannot read {what} {name!r}: {_first_line(e)}; {fix}")
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _check_local_weights(path: str, name: str) -> None:
+    """A local model directory needs safetensors weights; pickle files are refused unread (unpickling runs code)."""
+    files = os.listdir(path)
+    if any(f.endswith(".safetensors") for f in files):
+        return
+    pickles = sorted(f for f in files if f.endswith(PICKLE_SUFFIXES))
+    if pickles:
+        raise SensprofError(
+            f"{name!r} holds pickle weights ({pickles[0]}); pickle weights are not loaded (unpickling can run code): "
+            "convert to safetensors, e.g. in a trusted environment AutoModelForCausalLM.from_pretrained(DIR)"
+            ".save_pretrained(DIR) writes model.safetensors")
+    raise SensprofError(f"{name!r} has a config.json but no weights (no *.safetensors file); pass a complete model "
+                        "directory, or download its weights into it")
 
 
 def text_config(model):
@@ -263,8 +321,8 @@ def gguf_metadata(path: str, prefix: str = "general.") -> dict:
 
     try:
         reader = GGUFReader(path)
-    except (OSError, ValueError) as e:
-        raise SensprofError(f"cannot read GGUF metadata of {path!r}: {str(e).splitlines()[0][:160]}") from None
+    except (OSError, ValueError, IndexError, struct.error) as e:
+        raise _damaged_gguf(path, e) from None
     out = {}
     for key, field in reader.fields.items():
         if key.startswith(prefix):
@@ -317,15 +375,31 @@ def served_hub_id(name: str) -> tuple[str | None, list[str]]:
     return gguf_source_hub_id(meta), gguf_base_models(meta)
 
 
-def model_config(name: str):
-    """The transformers config of --model (what SGLang reads too), without loading weights."""
+def model_config(name: str, local_only: bool = False):
+    """The transformers config of --model (what SGLang reads too), without loading weights; `local_only`: a hub
+    id from the local cache only, never the network."""
     from transformers import AutoConfig
 
     src = resolve_model(name)
     kwargs = {"gguf_file": src["gguf_file"]} if src["gguf_file"] else {}
     try:
         with _quiet_hub():
-            return AutoConfig.from_pretrained(src["path"], **kwargs)
-    except (OSError, ValueError) as e:
-        raise SensprofError(f"cannot read the model config of {name!r}: {str(e).splitlines()[0][:200]}; "
-                            "pass a reachable model with --model") from None
+            return AutoConfig.from_pretrained(src["path"], local_files_only=local_only, **kwargs)
+    except (OSError, ValueError, IndexError, struct.error) as e:
+        raise _unreadable(name, src, e, "the model config of", "pass a reachable model with --model") from None
+
+
+def config_layer_count(name: str) -> int | None:
+    """How many decoder layers `name` has, from its config or GGUF metadata, without weights or the network;
+    None when it cannot be read so (a hub id not in the local cache, a path that is not on this machine)."""
+    try:
+        src = resolve_model(name)
+        if src["gguf_file"]:
+            meta = gguf_metadata(os.path.join(src["path"], src["gguf_file"]), "")
+            n = meta.get(f"{meta.get('general.architecture')}.block_count")
+        else:
+            cfg = model_config(name, local_only=True)
+            n = getattr(cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg, "num_hidden_layers", None)
+    except SensprofError:
+        return None
+    return n if isinstance(n, int) else None
