@@ -26,8 +26,13 @@ class Budget:
     context_len: int | None = None
 
     def __post_init__(self):
-        if not self.value > 0:
-            raise SensprofError(f"the budget must be positive, got {self.value}; e.g. --avg-bits 4")
+        if not (self.value > 0 and math.isfinite(self.value)):
+            flag = {"fraction": "--fraction 0.3", "serving": "--gpu-mem-gib 8"}.get(self.kind, "--avg-bits 4")
+            raise SensprofError(f"{flag.split()[0]} {self.value:g}: the budget must be positive and finite; "
+                                f"e.g. {flag}")
+        if self.kind == "avg_bits" and self.value > MODEL_BITS:
+            raise SensprofError(f"--avg-bits {self.value:g} is above {MODEL_BITS}, the bits of the unquantized bf16 "
+                                f"cache; pass at most {MODEL_BITS}, e.g. --avg-bits 4")
         if self.kind == "fraction" and self.value > 1:
             raise SensprofError(f"--fraction {self.value} is above 1; pass a fraction of the bf16 cache such as 0.3")
         if self.kind == "serving" and not (self.max_model_len and self.max_num_seqs):

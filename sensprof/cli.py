@@ -329,6 +329,10 @@ def cmd_plan(args) -> int:
                               args.context_len)
     if args.refine < 0:
         raise SensprofError(f"--refine {args.refine} is negative; pass the number of rounds, e.g. 3")
+    if args.out:
+        from .table import check_writable
+
+        check_writable(args.out, "--out", "file")  # before solving (and --refine's measuring)
     plan = make_plan(args.profile_dir, args.target, budget, args.objective, args.num_skip, args.vllm_gpu,
                      args.llamacpp_build, args.robust)
     if args.refine:

@@ -90,7 +90,7 @@ def describe_plan(plan: Plan) -> str:
 
 
 def _load_for_plan(plan: Plan, model: str | None, device: str = "auto", dtype: str | None = None):
-    from .models import fingerprint, load_model
+    from .models import describe_layers, fingerprint, load_model
 
     loaded = load_model(model or plan.model_id, device, dtype)
     fp = fingerprint(loaded.model)
@@ -98,6 +98,7 @@ def _load_for_plan(plan: Plan, model: str | None, device: str = "auto", dtype: s
         raise SensprofError(
             f"the plan was made for model fingerprint {plan.model_fingerprint} ({plan.model_id}), but "
             f"{model or plan.model_id} has fingerprint {fp}; pass the profiled model with --model or re-plan")
+    plan.check_layers([(i.kv_heads, i.head_dim) for i in describe_layers(loaded.model)], model or plan.model_id)
     return loaded
 
 
@@ -137,13 +138,13 @@ def validation_lengths(plan: Plan, spec, model) -> list[int]:
     """--seq-len for validate: a length or a list; default the profile's length and 4x it (within the model)."""
     from .models import max_positions
 
+    from .data import parse_seq_lens
+
     own = int(plan.profile["settings"]["seq_len"])
     limit = max_positions(model)
     if spec is None:
         longer = 4 * own if limit is None else min(4 * own, limit)
-        return sorted({own, longer})
-    from .data import parse_seq_lens
-
+        return parse_seq_lens(f"{own},{longer}", limit)
     return parse_seq_lens(spec, limit)
 
 
@@ -173,10 +174,12 @@ def advantage_note(df) -> str | None:
 def run_validate(args) -> None:
     import pandas as pd
 
-    from .table import atomic_write_text
+    from .table import atomic_write_text, check_writable
     from .validate import format_table
 
     plan = load_plan(args.plan)
+    out = args.out or os.path.splitext(args.plan)[0] + ".validation.csv"
+    check_writable(out, "--out", "file")
     loaded = _load_for_plan(plan, args.model, args.device, args.dtype)
     frames = []
     for n in validation_lengths(plan, args.seq_len, loaded.model):
@@ -188,7 +191,6 @@ def run_validate(args) -> None:
     note = advantage_note(df)
     if note:
         print(note)
-    out = args.out or os.path.splitext(args.plan)[0] + ".validation.csv"
     atomic_write_text(out, df.to_csv(index=False))
     print(f"wrote {out}")
 
@@ -224,7 +226,9 @@ def _is_gguf(name: str) -> bool:
 
 
 def _check_export_args(args) -> None:
+    from .export.checkpoint import check_checkpoint_dir
     from .export.sglang import check_tp
+    from .table import check_writable
 
     if args.gpu_mem_gib is not None and not args.gpu_mem_gib > 0:
         raise SensprofError(f"--gpu-mem-gib must be positive, got {args.gpu_mem_gib}")
@@ -237,6 +241,10 @@ def _check_export_args(args) -> None:
         raise SensprofError("--scales-out is for --format sglang; use --write-checkpoint DIR for vllm")
     if args.hub_id is not None and args.format != "vllm":
         raise SensprofError("--hub-id is for --format vllm (sglang and llama.cpp serve the GGUF file itself)")
+    if args.scales_out:
+        check_writable(args.scales_out, "--scales-out", "file")
+    if args.write_checkpoint:
+        check_checkpoint_dir(args.write_checkpoint)
 
 
 def run_export(args) -> str:
@@ -257,6 +265,12 @@ def run_export(args) -> str:
     loaded = None
     if args.model or (args.format == "vllm" and args.write_checkpoint):
         loaded = _load_quietly(plan, args.model)  # refuses a plan made for another model; float32 (GGUF dequantized)
+    else:  # no weights loaded: at least the layer count of the model the plan names, where its config is at hand
+        from .models import config_layer_count
+
+        n = config_layer_count(name)
+        if n is not None:
+            plan.check_layers([None] * n, name)
     fits_line = True
     if args.format == "vllm":
         from .export.vllm import gguf_model_for_vllm, vllm_comments, vllm_layers
@@ -310,10 +324,11 @@ def run_export(args) -> str:
 
 
 def run_generate(args) -> str:
-    from .runtime.generate import generate_with_plan
+    from .runtime.generate import check_prompts, generate_with_plan
 
     if args.max_new_tokens < 1:
         raise SensprofError("--max-new-tokens must be at least 1")
+    check_prompts(args.prompt)  # before loading anything
     plan = load_plan(args.plan)
     loaded = _load_for_plan(plan, args.model, args.device, args.dtype)
     r = generate_with_plan(loaded.model, loaded.tokenizer, plan, args.prompt, args.max_new_tokens, args.sample,

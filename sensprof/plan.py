@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from .errors import SensprofError
 from .memory import MODEL_BITS, bits_held_per_element, bits_per_element, tokens_held
 from .schemes import get_scheme
-from .table import atomic_write_text, check_artifact, read_json
+from .table import atomic_write_text, check_absmax, check_artifact, check_writable, read_json
 
 PLAN_FORMAT_VERSION = 1
 PLAN_KIND = "sensprof-plan"
@@ -59,14 +59,55 @@ class Plan:
         try:
             data = dict(obj)
             data["layers"] = [LayerPlan(**layer) for layer in obj["layers"]]
-            return cls(**data)
+            plan = cls(**data)
         except (TypeError, KeyError) as e:
             raise SensprofError(f"{path!r} is a malformed plan ({e}); re-run `sensprof plan`") from None
+        plan.check(path)
+        return plan
+
+    def check(self, path: str = "plan") -> None:
+        """Refuse a plan that contradicts itself: layers not 0..N-1, impossible shapes, unknown schemes, NaN or
+        negative calibration, or a layer list of another size than its prediction was made for."""
+        redo = "re-run `sensprof plan` (a hand-edited or damaged plan cannot be trusted)"
+        if [p.layer for p in self.layers] != list(range(len(self.layers))) or not self.layers:
+            raise SensprofError(f"plan {path!r} lists layers {[p.layer for p in self.layers][:8]}, not layers 0-N in "
+                                f"order; {redo}")
+        for p in self.layers:
+            if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (p.kv_heads, p.head_dim)):
+                raise SensprofError(f"plan {path!r} layer {p.layer} has {p.kv_heads!r} KV heads of dimension "
+                                    f"{p.head_dim!r}, not positive integers; {redo}")
+            get_scheme(p.k_scheme), get_scheme(p.v_scheme)  # an unknown name lists the valid ones
+            check_absmax(p.absmax, f"plan {path!r} (layer {p.layer})",
+                         "re-profile into a new --out and re-plan (calibration with NaN or negative absmax makes "
+                         "NaN scales)")
+        want = (self.predicted or {}).get("bf16_bytes_per_token")
+        have = sum(2 * p.kv_heads * p.head_dim for p in self.layers) * MODEL_BITS / 8
+        if isinstance(want, (int, float)) and abs(want - have) > 1e-9 * max(have, 1.0):
+            raise SensprofError(f"plan {path!r} lists {len(self.layers)} layers holding {have:,.0f} bf16 bytes per "
+                                f"token, but it was planned for {want:,.0f}; its layer list was edited: {redo}")
+
+    def check_layers(self, shapes: list[tuple[int, int]], model: str) -> None:
+        """Refuse a plan whose layers are not the model's: `shapes` is (kv_heads, head_dim) per layer, or a
+        layer count alone as [None] * n."""
+        if len(shapes) != len(self.layers):
+            raise SensprofError(f"the plan has {len(self.layers)} layers but {model} has {len(shapes)}; pass the "
+                                "model it was planned for with --model, or re-plan from a profile of this model")
+        for p, shape in zip(self.layers, shapes):
+            if shape is not None and tuple(shape) != (p.kv_heads, p.head_dim):
+                raise SensprofError(
+                    f"the plan's layer {p.layer} has {p.kv_heads} KV heads x {p.head_dim} but {model}'s has "
+                    f"{shape[0]} x {shape[1]}; pass the model it was planned for with --model, or re-plan")
 
     def save(self, path: str) -> None:
         import json
 
-        atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
+        try:
+            text = json.dumps(self.to_json(), indent=1, allow_nan=False)
+        except ValueError:
+            raise SensprofError(f"the plan for {path!r} holds a NaN or infinite number (budget {self.budget}); "
+                                "check the profile (`sensprof summary`) and the budget, then re-plan") from None
+        check_writable(path, "--out", "file")
+        atomic_write_text(path, text + "\n")
 
     def engine_summary(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.engine.items() if k != "needs_scales") or "per-layer schemes"

@@ -18,7 +18,7 @@ def run_sweep(args) -> None:
     if args.uniform not in ("frontier", "all", "none"):
         raise SensprofError(f"--uniform {args.uniform!r} is not frontier, all or none")
     from .budget import Budget
-    from .table import atomic_write_text, load_profile
+    from .table import atomic_write_text, check_writable, load_profile
 
     try:
         budgets = [float(x) for x in str(args.avg_bits).split(",") if x.strip()]
@@ -26,14 +26,16 @@ def run_sweep(args) -> None:
         raise SensprofError(f"--avg-bits {args.avg_bits!r} is not a comma-separated list of numbers; e.g. 3,4,6") from None
     if not budgets:
         raise SensprofError("--avg-bits needs at least one budget, e.g. 3,4,6")
+    budgets = [Budget("avg_bits", b, context_len=args.context_len) for b in sorted(budgets)]  # refused before any plan
     profile = load_profile(args.profile_dir, require_complete=True)
     model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(profile.meta["model"]["id"]).removesuffix(".gguf"))
     out = args.out or os.path.join("plans", f"sweep-{os.path.basename(model)}-{args.target}")
+    check_writable(out)
     rows, plans = [], []
-    for b in sorted(budgets):
+    for budget in budgets:
+        b = budget.value
         try:
-            plan = make_plan(args.profile_dir, args.target, Budget("avg_bits", b, context_len=args.context_len),
-                             args.objective, None,
+            plan = make_plan(args.profile_dir, args.target, budget, args.objective, None,
                              args.vllm_gpu, args.llamacpp_build, args.robust)
         except SensprofError as e:
             if "infeasible" in str(e):

@@ -37,8 +37,8 @@ def absmax(layer: int) -> dict:
 
 
 def make_plan(target: str, engine: dict, pairs, kinds=GEMMA_KINDS, model_id: str = MODEL,
-              fingerprint: str = "0123456789abcdef") -> Plan:
-    layers = [LayerPlan(i, kind, window, 2, 16, k, v, 0.0 if k == "none" else 1e-4, 0.0 if v == "none" else 2e-4,
+              fingerprint: str = "0123456789abcdef", head_dim: int = 16) -> Plan:
+    layers = [LayerPlan(i, kind, window, 2, head_dim, k, v, 0.0 if k == "none" else 1e-4, 0.0 if v == "none" else 2e-4,
                         absmax(i)) for i, ((kind, window), (k, v)) in enumerate(zip(kinds, pairs))]
     return Plan(model_id=model_id, model_fingerprint=fingerprint, target=target, objective="kl",
                 budget={"kind": "avg_bits", "value": 8.0, "max_model_len": None, "max_num_seqs": None},
@@ -436,7 +436,7 @@ def fp8_plan(tiny_model_dir, tmp_path_factory, _one_thread):
     pairs = [("fp8_e4m3_cal", "fp8_e4m3_cal"), ("none", "none"), ("fp8_e4m3_cal", "fp8_e4m3_cal")]
     plan = make_plan("vllm", {"kv_cache_dtype": "fp8_e4m3", "k_scheme": "fp8_e4m3_cal", "v_scheme": "fp8_e4m3_cal",
                               "skip_layers": [1], "needs_scales": True}, pairs, LLAMA_KINDS,
-                     model_id=tiny_model_dir, fingerprint=fp)
+                     model_id=tiny_model_dir, fingerprint=fp, head_dim=32)  # the tiny Llama's layers
     path = root / "plan.json"
     plan.save(str(path))
     return types.SimpleNamespace(root=root, path=str(path), plan=load_plan(str(path)))

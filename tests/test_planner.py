@@ -136,6 +136,8 @@ def budget_between(rng, problem, target, kind, num_skip=None) -> Budget:
     value = limit / unit
     if kind == "fraction":
         value = min(value, 1.0)
+    elif kind == "avg_bits":
+        value = min(value, MODEL_BITS)  # past the 16-bit cache a budget means nothing (and is refused)
     return make_budget(kind, value)
 
 

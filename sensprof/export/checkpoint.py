@@ -78,13 +78,22 @@ def _plain_model(model):
             model.config.quantization_config = qc
 
 
+def check_checkpoint_dir(out_dir: str) -> None:
+    """--write-checkpoint must name a new or empty directory in a writable place (checked before loading)."""
+    from ..table import check_writable
+
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+        what = "is an existing file" if not os.path.isdir(out_dir) else "exists and is not an empty directory"
+        raise SensprofError(f"--write-checkpoint {out_dir!r} {what}; pass a new directory path")
+    check_writable(out_dir, "--write-checkpoint")
+
+
 def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str) -> str:
     """Write out_dir atomically (a temporary sibling renamed into place); returns out_dir. Casts `model` to
     bf16 in place (export ends there; pass a copy to keep it)."""
     import torch
 
-    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
-        raise SensprofError(f"--write-checkpoint {out_dir!r} exists and is not an empty directory; pass a new one")
+    check_checkpoint_dir(out_dir)
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-checkpoint-")
