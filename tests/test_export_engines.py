@@ -17,6 +17,7 @@ from test_export import LLAMA_KINDS, MODEL, make_plan, parse_vllm, save, sglang_
 from sensprof.errors import SensprofError
 from sensprof.export import command_line
 from sensprof.export.vllm import VLLM_KV_DTYPES, vllm_argv
+from sensprof.plan import predicted_summary
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "vllm", "argparse.json")
 SMOLLM2_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -101,14 +102,14 @@ def write_gguf(path, **fields):
     return str(path)
 
 
-def gguf_plan(tmp_path, model_id):
-    plan = vllm_plan("int4_per_token_head", "int4_per_token_head", skip=(0,), kinds=LLAMA_KINDS)
+def gguf_plan(tmp_path, model_id, n_layers=3):
+    plan = vllm_plan("int4_per_token_head", "int4_per_token_head", skip=(0,), kinds=[("full", None)] * n_layers)
     plan.model_id = model_id
     return save(plan, tmp_path)
 
 
 def test_vllm_never_serves_the_builtin_gguf(tmp_path, capsys):
-    rc, out, err = run_cli(capsys, "export", gguf_plan(tmp_path, "smollm2-135m"), "--format", "vllm")
+    rc, out, err = run_cli(capsys, "export", gguf_plan(tmp_path, "smollm2-135m", 30), "--format", "vllm")
     assert rc == 0, err
     assert ".gguf" not in out.splitlines()[0] and "--tokenizer" not in out
     args = parse_vllm(out, model=SMOLLM2_HUB)
@@ -276,6 +277,7 @@ def smollm2_plan(fp, target="vllm", dtype="fp8_e4m3", skip=(0,)):
     plan = make_plan(target, engine, pairs, [("full", None)] * 30, model_id="smollm2-135m", fingerprint=fp)
     for p in plan.layers:
         p.kv_heads, p.head_dim = 3, 64
+    plan.predicted.update(predicted_summary(plan.layers))  # the prediction of these layers, as a planner writes it
     return plan
 
 
