@@ -41,7 +41,7 @@ def _load(args):
         register()
         ids = torch.randint(3, cfg.vocab_size, (args.windows, args.seq_len), generator=torch.Generator().manual_seed(0))
         return model, ids
-    from sensprof.api import load_windows
+    from sensprof.data import load_windows
     from sensprof.models import load_model
 
     loaded = load_model(args.model, device="cpu")
@@ -53,7 +53,7 @@ def run_one(args, mode):
     from sensprof.models import describe_layers
     from sensprof.profile import peak_memory, run_profile
     from sensprof.schemes import parse_menu
-    from sensprof.table import parse_layers
+    from sensprof.specs import parse_layers
 
     model, ids = _load(args)
     layers = parse_layers(args.layers, len(describe_layers(model)))

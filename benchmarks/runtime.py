@@ -37,11 +37,11 @@ def cache_bytes(cache) -> int:
 
 def uniform_plan(model, k, v):
     from sensprof.models import describe_layers, fingerprint
-    from sensprof.plan import LayerPlan, Plan
+    from sensprof.artifacts import LayerPlan, Plan
 
     layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, k, v, 0.0, 0.0, {})
               for i in describe_layers(model)]
-    return Plan("smollm2-135m", fingerprint(model), "sensprof", "kl", {}, layers, {}, {}, {}, {})
+    return Plan.hand_made("smollm2-135m", fingerprint(model), layers)
 
 
 @torch.inference_mode()
@@ -86,9 +86,9 @@ def run_interleaved(model, kw, caches, ids, steps):
 def main():
     from transformers import DynamicCache, QuantizedCache
 
-    from sensprof.api import load_windows
+    from sensprof.data import load_windows
     from sensprof.models import load_model
-    from sensprof.plan import load_plan
+    from sensprof.artifacts import load_plan
     from sensprof.runtime import PlannedCache
     from sensprof.runtime.generate import cache_kwarg
 

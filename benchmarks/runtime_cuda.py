@@ -120,7 +120,7 @@ def end_to_end_rows(device, contexts, steps, smoke):
     from transformers import DynamicCache
 
     from sensprof.models import describe_layers, fingerprint
-    from sensprof.plan import LayerPlan, Plan
+    from sensprof.artifacts import LayerPlan, Plan
     from sensprof.runtime import PlannedCache
     from sensprof.runtime.generate import cache_kwarg
 
@@ -138,7 +138,7 @@ def end_to_end_rows(device, contexts, steps, smoke):
     kw = cache_kwarg(model)
     layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, "int4_c32", "int4_t32", 0.0, 0.0, {})
               for i in describe_layers(model)]
-    plan = Plan("random smollm2-135m shape", fingerprint(model), "sensprof", "kl", {}, layers, {}, {}, {}, {})
+    plan = Plan.hand_made("random smollm2-135m shape", fingerprint(model), layers)
     caches = {"DynamicCache (bf16)": lambda: DynamicCache(config=model.config),
               "PlannedCache int4_c32/int4_t32 (Triton)": lambda: PlannedCache.from_plan(plan, model, kernels="triton")}
     rows = []
@@ -192,7 +192,7 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (check the script on a CPU with TRITON_INTERPRET=1)")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
-    from sensprof.table import atomic_write_text
+    from sensprof.files import atomic_write_text
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" and not args.smoke:

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 def main():
     from sensprof.budget import budget_from_args
-    from sensprof.commands import make_plan
+    from sensprof.plan import make_plan
     from sensprof.table import load_profile
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -1,54 +1,291 @@
-"""The Python entry points: profile a model in one call and get pandas tables back."""
+"""The library's entry points, one per command, with explicit keyword parameters.
+
+The command line (cli.py) only parses arguments into these and prints what they return; a notebook or a test
+calls them the same way. Every function that loads a model takes the same model options: `model`, `device`,
+`dtype`, `device_map`, `trust_remote_code`.
+"""
 
 from __future__ import annotations
 
-from .data import bos_prefix, load_text, make_windows, text_digest, tokenize
+import contextlib
+import io
+import os
+from dataclasses import dataclass
+
+from .data import load_windows, select_windows  # noqa: F401  (part of the API: windows of the built-in text)
 from .errors import SensprofError
+from .models import DEFAULT_MODEL
 
 
-def select_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 0, exclude=None):
-    """Deterministic token windows: (ids [W, T], text name, text digest, slot indices).
-
-    The slots let a later stage (validation) take windows other than the profiled ones.
-    """
-    if seq_len < 2:
-        raise SensprofError(f"--seq-len {seq_len} is too short; use at least 2")
-    text, name = load_text(text_files)
-    ids, slots = make_windows(tokenize(tokenizer, text), seq_len, windows, seed, bos_prefix(tokenizer), exclude)
-    return ids, name, text_digest(text), slots
+def _model_options(model=None, device="auto", dtype=None, device_map=None, trust_remote_code=False) -> dict:
+    return {"model": model, "device": device, "dtype": dtype, "device_map": device_map,
+            "trust_remote_code": trust_remote_code}
 
 
-def load_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 0, exclude=None):
-    """Deterministic token windows from the built-in corpus or files: (ids [W, T], text name, digest)."""
-    return select_windows(tokenizer, text_files, seq_len, windows, seed, exclude)[:3]
+# ---------------------------------------------------------------- profile
 
 
-def profile(model="smollm2-135m", schemes=None, *, k_schemes=None, v_schemes=None, tokenizer=None, text=None,
-            seq_len=256, windows=2, seed=0, layers=None, out_dir=None, device="auto", dtype=None,
-            variants_per_pass=1, kl="exact", screen=False, progress=True):
+def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None, target=None, vllm_gpu=None,
+            tokenizer=None, text=None, seq_len=256, windows=2, seed=0, layers=None, out_dir=None, device="auto",
+            dtype=None, device_map=None, trust_remote_code=False, variants_per_pass=1, kl="exact", screen=False,
+            naive=False, progress=True, quiet_loading=False):
     """Profile a model (an id/path/alias, or a loaded transformers model with its tokenizer).
 
-    `schemes` go to both K and V; `k_schemes` / `v_schemes` to one (default: the per-tensor default menus).
-    Returns a `Profile` whose `.table` is a pandas DataFrame (one row per layer x tensor x scheme).
+    `schemes` go to both K and V; `k_schemes` / `v_schemes` to one (default: the per-tensor default menus, or
+    what `target` can use). `seq_len` may be a list (e.g. "256,1024"): each length is profiled, the longest into
+    `out_dir`, the others into `out_dir`/lengths/<L>. `layers`: a list or a spec such as "0-11". Returns the
+    `Profile` of the longest length (its `.table` is a pandas DataFrame, one row per layer x tensor x scheme).
     """
-    from .models import load_model
-    from .profile import run_profile
-    from .schemes import parse_menu
+    from .data import parse_seq_lens
+    from .models import describe_layers, load_model, max_positions
+    from .profile import parse_kl, run_profile
+    from .specs import parse_layers
+    from .table import length_dir
+    from .targets import profile_menu
 
-    model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", type(model).__name__)
+    schemes, k_schemes, v_schemes = (",".join(x) if isinstance(x, (list, tuple)) else x
+                                     for x in (schemes, k_schemes, v_schemes))
+    profile_menu(schemes, target, vllm_gpu, None, k_schemes, v_schemes)  # a bad menu fails before loading
+    parse_kl(kl)
+    if naive and kl != "exact":
+        raise SensprofError("--naive compares full logits; drop --kl")
+    if screen and (naive or kl == "materialized"):
+        raise SensprofError("--screen predicts cells from the replay's local metrics; drop --naive or --kl materialized")
+    lengths = parse_seq_lens(seq_len)
+    for flag, value in (("--windows", windows), ("--variants-per-pass", variants_per_pass)):
+        if value < 1:
+            raise SensprofError(f"{flag} must be at least 1")
+    if out_dir:
+        from .files import check_writable
+
+        check_writable(out_dir)  # before minutes of loading
     if isinstance(model, str):
-        loaded = load_model(model, device, dtype)
+        model_id = model
+        with contextlib.redirect_stderr(io.StringIO()) if quiet_loading else contextlib.nullcontext():
+            loaded = load_model(model, device, dtype, device_map, trust_remote_code)
         model, tokenizer = loaded.model, loaded.tokenizer
     elif tokenizer is None:
         raise SensprofError("pass the tokenizer along with a loaded model")
     else:
         from .hooks import register
 
+        model_id = getattr(model.config, "_name_or_path", type(model).__name__)
         register()
-    ids, name, digest, slots = select_windows(tokenizer, [text] if isinstance(text, str) else text, seq_len,
-                                              windows, seed)
-    menu = parse_menu(schemes, k_schemes, v_schemes)
-    return run_profile(model, ids, menu, layers=layers, out_dir=out_dir,
-                       model_id=model_id, text_name=name, text_digest=digest, seed=seed,
-                       variants_per_pass=variants_per_pass, kl=kl, screen=screen, progress=progress,
-                       extra_meta={"window_slots": slots, "text_files": text})
+    infos = describe_layers(model)
+    layers = parse_layers(layers, len(infos)) if layers is None or isinstance(layers, str) else layers
+    menu = profile_menu(schemes, target, vllm_gpu, {i.head_dim for i in infos}, k_schemes, v_schemes)
+    parse_seq_lens(seq_len, max_positions(model))
+    files = [text] if isinstance(text, str) else text
+    out = out_dir  # None: nothing written (the CLI passes profiles/<model> by default)
+    result = None
+    for n in lengths:  # the shorter ones first (cheap), the longest last: it is the profile the planner reads
+        ids, text_name, digest, slots = select_windows(tokenizer, files, n, windows, seed)
+        result = run_profile(model, ids, menu, layers=layers, out_dir=(out if n == lengths[-1] else length_dir(out, n))
+                             if out else None, model_id=model_id, text_name=text_name, text_digest=digest, seed=seed,
+                             variants_per_pass=variants_per_pass, replay=not naive,
+                             kl="materialized" if naive else kl, screen=screen, progress=progress,
+                             extra_meta={"window_slots": slots, "lengths": lengths if len(lengths) > 1 else None,
+                                         "text_files": [os.path.abspath(t) for t in files] if files else None})
+    return result
+
+
+def default_profile_dir(model: str) -> str:
+    from .table import default_out_dir
+
+    return default_out_dir(model)
+
+
+# ---------------------------------------------------------------- plan, sweep
+
+
+def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, max_model_len=None,
+         max_num_seqs=None, context_len=None, target="sensprof", objective="kl", robust=0.0, refine=0,
+         num_skip=None, vllm_gpu=None, llamacpp_build=None, model=None, device="auto", dtype=None, device_map=None,
+         trust_remote_code=False, out=None, log=print):
+    """Solve for each layer's K and V scheme under one budget; with `out` (a path, or True for the default
+    plans/<model>-<target>-<budget>.json) the plan is written there. Returns (Plan, path or None)."""
+    from .budget import budget_from_args
+    from .files import check_writable
+    from .plan import make_plan
+
+    budget = budget_from_args(avg_bits, fraction, gpu_mem_gib, max_model_len, max_num_seqs, context_len)
+    if refine < 0:
+        raise SensprofError(f"--refine {refine} is negative; pass the number of rounds, e.g. 3")
+    if isinstance(out, str):
+        check_writable(out, "--out", "file")  # before the solver and any --refine rounds
+    result = make_plan(profile_dir, target, budget, objective, num_skip, vllm_gpu, llamacpp_build, robust)
+    if refine:
+        from .refine import refine_plan
+
+        result = refine_plan(result, profile_dir, budget, refine, device, log, dtype, device_map, trust_remote_code,
+                             model)
+    path = None
+    if out:
+        path = out if isinstance(out, str) else result.default_path()
+        result.save(path)
+    return result, path
+
+
+def sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target="sensprof", objective="kl", robust=0.0,
+          vllm_gpu=None, llamacpp_build=None, context_len=None, validate=False, uniform="frontier", windows=None,
+          seq_len=None, model=None, device="auto", dtype=None, device_map=None, trust_remote_code=False, out=None,
+          log=print):
+    """Plans over a range of --avg-bits budgets, and with `validate` each measured beside the menu's uniform
+    configurations on unseen windows. Returns (sweep table, output directory)."""
+    from .sweep import run_sweep
+
+    return run_sweep(profile_dir, avg_bits=avg_bits, target=target, objective=objective, robust=robust,
+                     vllm_gpu=vllm_gpu, llamacpp_build=llamacpp_build, context_len=context_len, validate=validate,
+                     uniform=uniform, windows=windows, seq_len=seq_len,
+                     model_options=_model_options(model, device, dtype, device_map, trust_remote_code), out=out,
+                     log=log)
+
+
+# ---------------------------------------------------------------- validate, export, generate, evaluate
+
+
+@dataclass(frozen=True)
+class Validation:
+    table: object  # DataFrame: the plan and each reference configuration, per validation length
+    note: str | None  # set when the plan's advantage over uniform vanishes at a longer length
+    path: str
+
+
+def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="auto", dtype=None, device_map=None,
+             trust_remote_code=False, out=None, log=print) -> Validation:
+    """Apply the whole plan on windows the profile did not use, at the profile's length and 4x it (or
+    `seq_len`, a length or a list), beside uniform configurations; the table is written to `out` (default
+    <plan>.validation.csv)."""
+    import pandas as pd
+
+    from .artifacts import load_plan
+    from .files import atomic_write_text, check_writable
+    from .models import load_for_plan
+    from .validate import advantage_note, format_table, validate_plan, validation_lengths
+
+    result = load_plan(plan_path)
+    out = out or os.path.splitext(plan_path)[0] + ".validation.csv"
+    check_writable(out, "--out", "file")
+    loaded = load_for_plan(result, model, device, dtype, device_map, trust_remote_code)
+    frames = []
+    for n in validation_lengths(result, seq_len, loaded.model):
+        df = validate_plan(result, loaded, windows, n).assign(seq_len=n)
+        log(f"measured on {windows or result.profile.settings['windows']} unseen windows of {n} tokens:")
+        log(format_table(df))
+        frames.append(df)
+    df = pd.concat(frames, ignore_index=True)
+    atomic_write_text(out, df.to_csv(index=False))
+    return Validation(df, advantage_note(df), out)
+
+
+def export(plan_path: str, *, format: str, model=None, gpu_mem_gib=80.0, vllm_version=None, vllm_gpu=None,
+           hub_id=None, write_checkpoint=None, scales_out=None, tp=1, dtype=None, trust_remote_code=False) -> str:
+    """A ready serving command line for the plan, with comments (and scale files or a checkpoint)."""
+    from .artifacts import load_plan
+    from .export import ExportOptions, export_plan
+    from .export.vllm import DEFAULT_VERSION
+    from .models import load_for_plan
+
+    result = load_plan(plan_path)
+    opts = ExportOptions(format=format, model=model, gpu_mem_gib=gpu_mem_gib, vllm_version=vllm_version or
+                         DEFAULT_VERSION, vllm_gpu=vllm_gpu, hub_id=hub_id, write_checkpoint=write_checkpoint,
+                         scales_out=scales_out, tp=tp)
+    # on the CPU: checks and checkpoints need the weights, not speed (a GGUF model is dequantized to float32)
+    return export_plan(result, opts, lambda: load_for_plan(result, model, "cpu", dtype, None, trust_remote_code,
+                                                           quiet=True))
+
+
+def generate(plan_path: str, prompts, *, model=None, max_new_tokens=64, sample=False, seed=0, kernels="auto",
+             device="auto", dtype=None, device_map=None, trust_remote_code=False) -> dict:
+    """Generate through the plan's packed quantized cache: texts, cache bytes, tokens/s."""
+    from .artifacts import load_plan
+    from .models import load_for_plan
+    from .runtime.generate import check_prompts, generate_with_plan
+
+    if max_new_tokens < 1:
+        raise SensprofError("--max-new-tokens must be at least 1")
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    check_prompts(prompts)  # before loading anything
+    result = load_plan(plan_path)
+    loaded = load_for_plan(result, model, device, dtype, device_map, trust_remote_code)
+    return generate_with_plan(loaded.model, loaded.tokenizer, result, prompts, max_new_tokens, sample, seed,
+                              kernels=kernels)
+
+
+def evaluate(plan_path: str, *, model=None, task="retrieval", lengths="1k,2k,4k", depths="0.1,0.5,0.9", seeds=3,
+             chunk=512, uniform="auto", text=None, seq_len=1024, windows=2, seed=0, device="auto", dtype=None,
+             device_map=None, trust_remote_code=False, out=None, quiet=False, progress=None):
+    """Long-context retrieval/passkey accuracy (and perplexity on `text`) through the runtime cache, beside the
+    baseline and uniform configurations; the table is written to `out` (default <plan>.eval-<task>.csv).
+    Returns (table, path)."""
+    from .artifacts import load_plan
+    from .evaluate.run import evaluate as run_evaluation
+    from .evaluate.run import use_sdpa
+    from .evaluate.tasks import TASKS, parse_depths, parse_lengths
+    from .files import atomic_write_text, check_writable
+    from .models import load_for_plan
+
+    if task not in TASKS:
+        raise SensprofError(f"unknown --task {task!r}; use one of {', '.join(TASKS)}")
+    lengths, depths = parse_lengths(lengths), parse_depths(depths)
+    if seeds < 1:
+        raise SensprofError(f"--seeds {seeds} is too few; use at least 1")
+    if chunk < 1:
+        raise SensprofError(f"--chunk {chunk} is too small; use a positive number of tokens, e.g. 512")
+    if uniform not in ("auto", "all", "none"):
+        raise SensprofError(f"--uniform {uniform!r} is not one of auto, all, none")
+    if text and windows < 1:
+        raise SensprofError("--windows must be at least 1")
+    result = load_plan(plan_path)
+    out = out or os.path.splitext(plan_path)[0] + f".eval-{task}.csv"
+    check_writable(out, "--out", "file")
+    with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+        loaded = load_for_plan(result, model, device, dtype, device_map, trust_remote_code)  # quiet: no GGUF bar
+    use_sdpa(loaded.model)
+    ppl_ids = None
+    if text:
+        ppl_ids = select_windows(loaded.tokenizer, [text] if isinstance(text, str) else text, seq_len, windows,
+                                 seed)[0]
+    df = run_evaluation(loaded.model, loaded.tokenizer, result, task, lengths, depths, seeds, chunk, uniform,
+                        ppl_ids, progress)
+    atomic_write_text(out, df.to_csv(index=False))
+    return df, out
+
+
+# ---------------------------------------------------------------- profiles: merge, summary, report
+
+
+def merge(dirs, out: str) -> dict:
+    """Join profiles of the same model and settings computed for different layers; returns the merged meta."""
+    from .table import merge_profiles
+
+    return merge_profiles(list(dirs), out)
+
+
+def summary(profile_dir: str) -> str:
+    from .summary import summarize
+    from .table import load_profile
+
+    return summarize(load_profile(profile_dir))
+
+
+def report(profile_dir: str, *, out: str, plans=(), sweeps=(), metric="kl", reference_scheme=None) -> list[str]:
+    """Figures (PNG) and one self-contained HTML page; returns the written paths, the page last."""
+    from .report import write_report
+
+    return write_report(profile_dir, out, list(plans), list(sweeps), metric, reference_scheme)
+
+
+def schemes(*, target=None, vllm_gpu=None) -> str:
+    """The scheme registry with each scheme's storage cost; with target "vllm", every vLLM KV dtype instead."""
+    if target is not None:
+        if target != "vllm":
+            raise SensprofError(f"`sensprof schemes --target` lists vLLM's dtypes; got {target!r}, pass vllm")
+        from .engines.vllm.catalog import describe_dtypes
+
+        return describe_dtypes(vllm_gpu)
+    if vllm_gpu is not None:
+        raise SensprofError("--vllm-gpu needs --target vllm")
+    from .memory import describe_schemes
+
+    return describe_schemes()

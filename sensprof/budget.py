@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .constants import GIB
 from .errors import SensprofError
 from .memory import MODEL_BITS, bits_held_per_element, bits_per_element, layer_cache_bits, tokens_held
 from .schemes import QuantScheme
 
-GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,17 @@ class Budget:
         out = {"kind": self.kind, "value": self.value, "max_model_len": self.max_model_len,
                "max_num_seqs": self.max_num_seqs}
         return out if self.context_len is None else {**out, "context_len": self.context_len}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Budget:
+        return cls(obj["kind"], float(obj["value"]), obj.get("max_model_len"), obj.get("max_num_seqs"),
+                   obj.get("context_len"))
+
+    def tag(self) -> str:
+        """The budget in a file name: 4bits, 0.3frac, 40GiB-8192x16, with -at<N> for a --context-len."""
+        tag = {"avg_bits": f"{self.value:g}bits", "fraction": f"{self.value:g}frac"}.get(
+            self.kind, f"{self.value:g}GiB-{self.max_model_len}x{self.max_num_seqs}")
+        return tag + (f"-at{self.context_len}" if self.context_len else "")
 
 
 def _ceil4(x: float) -> float:

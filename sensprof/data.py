@@ -108,14 +108,33 @@ def text_digest(text: str) -> str:
 
 def parse_seq_lens(spec, limit: int | None = None) -> list[int]:
     """--seq-len 256 or 256,1024,4096 -> sorted distinct lengths."""
-    try:
-        lengths = sorted({int(x) for x in str(spec).split(",") if x.strip()})
-    except ValueError:
-        raise SensprofError(f"--seq-len {spec!r} is not a number or a comma-separated list such as 256,1024") from None
-    if not lengths:
-        raise SensprofError("--seq-len needs a length, e.g. 256")
+    from .specs import parse_list
+
+    def length(x: str) -> int:
+        if not x.lstrip("-").isdigit():
+            raise SensprofError(f"--seq-len {spec!r} is not a number or a comma-separated list such as 256,1024")
+        return int(x)
+
+    lengths = sorted(set(parse_list(spec, "--seq-len", length, "256,1024")))
     if lengths[0] < 2:
         raise SensprofError(f"--seq-len {lengths[0]} is too short; use at least 2")
     if limit is not None and lengths[-1] > limit:
         raise SensprofError(f"--seq-len {lengths[-1]} is beyond the model's {limit} positions; use lengths <= {limit}")
     return lengths
+
+
+def select_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 0, exclude=None):
+    """Deterministic token windows: (ids [W, T], text name, text digest, slot indices).
+
+    The slots let a later stage (validation) take windows other than the profiled ones.
+    """
+    if seq_len < 2:
+        raise SensprofError(f"--seq-len {seq_len} is too short; use at least 2")
+    text, name = load_text(text_files)
+    ids, slots = make_windows(tokenize(tokenizer, text), seq_len, windows, seed, bos_prefix(tokenizer), exclude)
+    return ids, name, text_digest(text), slots
+
+
+def load_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 0, exclude=None):
+    """Deterministic token windows from the built-in corpus or files: (ids [W, T], text name, digest)."""
+    return select_windows(tokenizer, text_files, seq_len, windows, seed, exclude)[:3]

@@ -8,33 +8,16 @@ model's own eager attention, and lets a per-layer *tap* see or change the layer'
 from __future__ import annotations
 
 import contextlib
-import sys
 from dataclasses import dataclass, field
 
 import torch
+
+from .models import model_eager
 
 ATTN_NAME = "sensprof"
 _TAPS: dict[int, object] = {}  # id(attention module) -> tap
 _FAST: dict[int, object] = {}  # id(attention module) -> transformers' SDPA, where it was checked to equal the eager one
 _registered = False
-
-
-def _generic_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Fallback for modeling modules without an eager_attention_forward of their own."""
-    groups = query.shape[1] // key.shape[1]
-    k = key.repeat_interleave(groups, dim=1)
-    v = value.repeat_interleave(groups, dim=1)
-    scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-    w = torch.matmul(query, k.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-        w = w + attention_mask[..., : k.shape[-2]]
-    w = torch.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(w, v).transpose(1, 2).contiguous(), w
-
-
-def model_eager(module):
-    """The eager attention of the module's own modeling file (softcapping, sinks and all)."""
-    return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", _generic_eager)
 
 
 QUERY_BLOCK = 1024  # queries per eager-attention call: long windows never hold [T, T] weights for all queries

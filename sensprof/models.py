@@ -9,7 +9,6 @@ import importlib.util
 import json
 import logging
 import os
-import re
 import struct
 from dataclasses import asdict, dataclass
 
@@ -219,6 +218,26 @@ def _check_local_weights(path: str, name: str) -> None:
                         "directory, or download its weights into it")
 
 
+def load_for_plan(plan, model: str | None = None, device: str = "auto", dtype: str | None = None,
+                  device_map: str | None = None, trust_remote_code: bool = False, quiet: bool = False) -> LoadedModel:
+    """The model a plan runs on (`model`, default the plan's own), refused unless it is the one planned for:
+    the same fingerprint, the same layers."""
+    name = model or plan.model_id
+    if quiet:  # no transformers progress bars, so a refusal stays one line on stderr
+        from transformers.utils import logging as hf_logging
+
+        was = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+    try:
+        loaded = load_model(name, device, dtype, device_map, trust_remote_code)
+    finally:
+        if quiet and was:
+            hf_logging.enable_progress_bar()
+    plan.check_model(fingerprint(loaded.model), name)
+    plan.check_layers([(i.kv_heads, i.head_dim) for i in describe_layers(loaded.model)], name)
+    return loaded
+
+
 def text_config(model):
     cfg = model.config
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
@@ -240,6 +259,31 @@ def decoder_layers(model):
             f"{type(model).__name__} has no decoder layers with transformers' standard attention (self_attn); "
             "sensprof needs a decoder-only causal LM")
     return candidates[0]
+
+
+# ---------------------------------------------------------------- the model's own attention
+
+
+def _generic_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Fallback for modeling modules without an eager_attention_forward of their own."""
+    import torch
+
+    groups = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(groups, dim=1)
+    v = value.repeat_interleave(groups, dim=1)
+    scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    w = torch.matmul(query, k.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        w = w + attention_mask[..., : k.shape[-2]]
+    w = torch.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(w, v).transpose(1, 2).contiguous(), w
+
+
+def model_eager(module):
+    """The eager attention of the module's own modeling file (softcapping, sinks and all)."""
+    import sys
+
+    return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", _generic_eager)
 
 
 def describe_layers(model) -> list[LayerInfo]:
@@ -306,14 +350,6 @@ def layer_infos_to_json(infos: list[LayerInfo]) -> list[dict]:
     return [asdict(i) for i in infos]
 
 
-# GGUF metadata keys naming the Hugging Face repository a file was converted from (gguf-py constants.py; the
-# first is the older spelling). general.base_model.* names the *parent* model (e.g. before fine-tuning),
-# whose weights differ, so it is only offered as a hint, never served.
-GGUF_SOURCE_KEYS = ("general.source.huggingface.repository", "general.source.repo_url", "general.source.url")
-_HF_URL = re.compile(r"^https?://(?:www\.)?huggingface\.co/([A-Za-z0-9][\w.-]*/[\w.-]+?)(?:\.git)?/?$")
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
 def gguf_metadata(path: str, prefix: str = "general.") -> dict:
     """String and integer fields of a GGUF file's metadata whose keys start with `prefix`."""
     _require("gguf", "install it with `pip install gguf` (or `pip install 'sensprof[gguf]'`)")
@@ -333,46 +369,6 @@ def gguf_metadata(path: str, prefix: str = "general.") -> dict:
             if isinstance(value, (str, int, float)):
                 out[key] = value
     return out
-
-
-def hub_id_from(value: str) -> str | None:
-    """'org/name' from a hub id or a huggingface.co URL; None for anything else."""
-    value = str(value).strip()
-    m = _HF_URL.match(value)
-    if m:
-        return m.group(1)
-    return value if _HUB_ID.match(value) and "://" not in value else None
-
-
-def gguf_source_hub_id(meta: dict) -> str | None:
-    for key in GGUF_SOURCE_KEYS:
-        if key in meta and hub_id_from(meta[key]):
-            return hub_id_from(meta[key])
-    return None
-
-
-def gguf_base_models(meta: dict) -> list[str]:
-    """Hub ids of the parent models general.base_model.N.* names (repo_url, else organization/name)."""
-    out = []
-    for i in range(int(meta.get("general.base_model.count", 0) or 0)):
-        rid = hub_id_from(meta.get(f"general.base_model.{i}.repo_url", ""))
-        org, name = meta.get(f"general.base_model.{i}.organization"), meta.get(f"general.base_model.{i}.name")
-        rid = rid or (hub_id_from(f"{org}/{name}") if org and name else None)
-        if rid:
-            out.append(rid)
-    return out
-
-
-def served_hub_id(name: str) -> tuple[str | None, list[str]]:
-    """For a GGUF model (alias or file): the hub repository it was converted from, or None plus the parent
-    models its metadata names. (None, []) for models that are not GGUF."""
-    src = resolve_model(name)
-    if not src["gguf_file"]:
-        return None, []
-    if src["kind"] == "builtin" and BUILTIN_MODELS[name].get("hub_id"):
-        return BUILTIN_MODELS[name]["hub_id"], []
-    meta = gguf_metadata(os.path.join(src["path"], src["gguf_file"]))
-    return gguf_source_hub_id(meta), gguf_base_models(meta)
 
 
 def model_config(name: str, local_only: bool = False):

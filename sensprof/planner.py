@@ -11,6 +11,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
+from .artifacts import EngineSettings, engine_settings
 from .budget import Budget
 from .errors import SensprofError
 from .schemes import get_scheme
@@ -62,7 +63,7 @@ def problem_from_table(table, layers: list[dict], objective: str = "kl", robust:
 @dataclass
 class Solution:
     choices: list[tuple[str, str]]  # per layer (K scheme, V scheme)
-    engine: dict
+    engine: EngineSettings | dict  # the solver's dict, made the target's EngineSettings by plan()
     status: str
     solve_time_s: float
     damage: float
@@ -111,12 +112,15 @@ def plan(problem: Problem, target: Target, budget: Budget, num_skip: int | None 
     with warnings.catch_warnings():  # PuLP 3.x announces its 4.0 API; pulp < 4 is pinned
         warnings.filterwarnings("ignore", message=r".*PuLP 4\.0", category=DeprecationWarning)
         if target.structure == "global_skip":
-            return solvers[target.structure](problem, target, budget, num_skip)
-        if near is not None:
+            solution = solvers[target.structure](problem, target, budget, num_skip)
+        elif near is not None:
             if target.structure != "free":
                 raise SensprofError(f"a bound on changed choices needs per-layer choices; target {target.name} has none")
-            return _plan_free(problem, target, budget, near)
-        return solvers[target.structure](problem, target, budget)
+            solution = _plan_free(problem, target, budget, near)
+        else:
+            solution = solvers[target.structure](problem, target, budget)
+    solution.engine = engine_settings(target.name, solution.engine)  # the typed record the plan keeps
+    return solution
 
 
 def _scale(problem: Problem) -> float:

@@ -14,13 +14,14 @@ import time
 import torch
 
 from . import __version__
+from .constants import GIB
 from .errors import SensprofError
+from .files import write_json
 from .hooks import attention_taps, record_layer_outputs, replay_from
 from .memory import bits_per_element
-from .schemes import scheme_revision
 from .models import describe_layers, fingerprint, layer_infos_to_json
 from .outputs import Baseline, MaterializedBaseline, output_head
-from .schemes import Menu, QuantScheme
+from .schemes import Menu, QuantScheme, scheme_revision
 from .table import (
     CALIBRATION,
     FORMAT_VERSION,
@@ -35,7 +36,6 @@ from .table import (
     load_profile,
     part_path,
     write_csv,
-    write_json,
     write_tables,
 )
 from .screen import fill_rows, to_measure
@@ -222,9 +222,9 @@ def peak_memory() -> dict:
     import sys
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out = {"peak_rss_gib": rss / (2**30 if sys.platform == "darwin" else 2**20)}
+    out = {"peak_rss_gib": rss / (GIB if sys.platform == "darwin" else 2**20)}  # ru_maxrss: bytes on macOS, KiB elsewhere
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["peak_cuda_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        out["peak_cuda_gib"] = torch.cuda.max_memory_allocated() / GIB
     return out
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .schemes import FP8_MAX, QuantScheme
+from .constants import FP8_MAX
+from .schemes import QuantScheme
 
 _FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 

@@ -15,7 +15,8 @@ import dataclasses
 import os
 
 from .errors import SensprofError
-from .plan import Plan, build_plan
+from .artifacts import Plan
+from .plan import build_plan
 from .schemes import get_scheme
 
 
@@ -32,12 +33,13 @@ def _neighbours(problem, budget, layer: dict, i: int, tensor: str, chosen: str, 
     return ([cheaper[-1]] if cheaper else []) + ([dearer[0]] if dearer else [])
 
 
-def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str = "auto", log=print) -> Plan:
-    from .api import select_windows
-    from .commands import current_cells
+def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str = "auto", log=print,
+                dtype: str | None = None, device_map: str | None = None, trust_remote_code: bool = False,
+                model: str | None = None) -> Plan:
+    from .data import select_windows
     from .models import load_model
     from .planner import NONE, plan as solve, problem_from_table
-    from .table import load_profile
+    from .table import load_profile, usable_cells
     from .targets import get_target
     from .validate import layer_choices, measure
 
@@ -51,20 +53,20 @@ def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str =
     if missing:
         raise SensprofError(f"--refine re-runs the profile's text, but {missing[0]!r} is gone; restore it or drop "
                             "--refine")
-    loaded = load_model(meta["model"]["id"], device)
+    loaded = load_model(model or meta["model"]["id"], device, dtype, device_map, trust_remote_code)
     settings = meta["settings"]
     ids = select_windows(loaded.tokenizer, files, settings["seq_len"], settings["windows"], settings["seed"])[0]
-    robust = float(plan.solver.get("robust", 0.0))
-    problem = problem_from_table(current_cells(profile), meta["layers"], plan.objective, robust)
+    robust = plan.solver.robust
+    problem = problem_from_table(usable_cells(profile), meta["layers"], plan.objective, robust)
     target = get_target("sensprof")
 
     def joint(layer_plans):
         return measure(loaded.model, ids, {"plan": layer_plans})["plan"]["kl"]
 
     best, best_kl = plan, joint(plan.layers)
-    history = [{"round": 0, "measured_kl": best_kl, "predicted": plan.predicted["damage"], "cells_measured": 0,
+    history = [{"round": 0, "measured_kl": best_kl, "predicted": plan.predicted.damage, "cells_measured": 0,
                 "changed": 0}]
-    log(f"refine round 0: measured KL {best_kl:.4g} (predicted {plan.predicted['damage']:.4g})")
+    log(f"refine round 0: measured KL {best_kl:.4g} (predicted {plan.predicted.damage:.4g})")
     for r in range(1, rounds + 1):
         choices = [(p.k_scheme, p.v_scheme) for p in best.layers]
         swaps = []
@@ -102,7 +104,4 @@ def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str =
             bound //= 2
         if not improved:
             break
-    solver = {**best.solver, "refine": history}
-    if robust:
-        solver["robust"] = robust
-    return dataclasses.replace(best, solver=solver)
+    return best.replace(solver=dataclasses.replace(best.solver, refine=tuple(history), robust=robust))

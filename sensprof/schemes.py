@@ -12,7 +12,6 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from .constants import FP8_MAX  # noqa: F401  (quant.py reads it from here)
 from .errors import SensprofError
 
 # "engine": an engine's own format (rotations, codebooks, packed scales) emulated by sensprof.engines.
@@ -218,21 +217,18 @@ def scheme_names() -> list[str]:
 
 def parse_schemes(names) -> list[QuantScheme]:
     """Comma- or list-separated names, de-duplicated in order."""
-    if isinstance(names, str):
-        names = [names]
-    out: list[QuantScheme] = []
-    for item in names:
-        for n in str(item).split(","):
-            n = n.strip()
-            if n and all(s.name != n for s in out):
-                scheme = get_scheme(n)
-                if scheme.is_identity:
-                    raise SensprofError(f"scheme {n!r} keeps the model dtype, so there is nothing to profile; "
-                                        "drop it from --schemes (the planner always has it)")
-                out.append(scheme)
-    if not out:
+    from .specs import parse_list
+
+    flat = ",".join(str(x) for x in ([names] if isinstance(names, str) else names))
+    if not flat.replace(",", "").strip():
         raise SensprofError("no schemes given; pass --schemes with one or more of: " + ", ".join(scheme_names()))
-    return out
+    out: dict[str, QuantScheme] = {}
+    for scheme in parse_list(flat, "--schemes", get_scheme):
+        if scheme.is_identity:
+            raise SensprofError(f"scheme {scheme.name!r} keeps the model dtype, so there is nothing to profile; "
+                                "drop it from --schemes (the planner always has it)")
+        out.setdefault(scheme.name, scheme)
+    return list(out.values())
 
 
 @dataclass(frozen=True)

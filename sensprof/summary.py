@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-REFERENCE_SCHEMES = ("int4_per_token_head", "q4_0", "int4_c32", "fp8_e4m3")
-
 
 def _fmt(x: float) -> str:
     return f"{x:.2e}"

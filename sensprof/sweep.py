@@ -4,52 +4,55 @@ configurations (every layer one K and one V scheme) on unseen windows: the front
 from __future__ import annotations
 
 import os
-import re
 import sys
 
-from .commands import _load_for_plan, make_plan, validation_windows
 from .errors import SensprofError
-from .plan import load_plan
+from .files import safe_name
+from .plan import make_plan
 
 
-def run_sweep(args) -> None:
+UNIFORM_CHOICES = ("frontier", "all", "none")
+
+
+def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: str = "sensprof",
+              objective: str = "kl", robust: float = 0.0, vllm_gpu: str | None = None,
+              llamacpp_build: str | None = None, context_len: int | None = None, validate: bool = False,
+              uniform: str = "frontier", windows: int | None = None, seq_len: int | None = None,
+              model_options: dict | None = None, out: str | None = None, log=print):
+    """Plans at each budget in `out` (default plans/sweep-<model>-<target>) and sweep.csv; with `validate`, each
+    plan and the menu's uniform configurations measured on unseen windows (uniform.csv). Returns (table, out)."""
     import pandas as pd
 
-    if args.uniform not in ("frontier", "all", "none"):
-        raise SensprofError(f"--uniform {args.uniform!r} is not frontier, all or none")
     from .budget import Budget
-    from .table import atomic_write_text, check_writable, load_profile
+    from .files import atomic_write_text, check_writable
+    from .specs import parse_list
+    from .table import load_profile
 
-    try:
-        budgets = [float(x) for x in str(args.avg_bits).split(",") if x.strip()]
-    except ValueError:
-        raise SensprofError(f"--avg-bits {args.avg_bits!r} is not a comma-separated list of numbers; e.g. 3,4,6") from None
-    if not budgets:
-        raise SensprofError("--avg-bits needs at least one budget, e.g. 3,4,6")
-    budgets = [Budget("avg_bits", b, context_len=args.context_len) for b in sorted(budgets)]  # refused before any plan
-    profile = load_profile(args.profile_dir, require_complete=True)
-    model = re.sub(r"[^A-Za-z0-9._-]+", "_", str(profile.meta["model"]["id"]).removesuffix(".gguf"))
-    out = args.out or os.path.join("plans", f"sweep-{os.path.basename(model)}-{args.target}")
+    if uniform not in UNIFORM_CHOICES:
+        raise SensprofError(f"--uniform {uniform!r} is not frontier, all or none")
+    values = parse_list(avg_bits, "--avg-bits", float, "3,4,6")
+    budgets = [Budget("avg_bits", b, context_len=context_len) for b in sorted(values)]  # refused before any plan
+    profile = load_profile(profile_dir, require_complete=True)
+    out = out or os.path.join("plans", f"sweep-{safe_name(profile.meta['model']['id'])}-{target}")
     check_writable(out)
     rows, plans = [], []
     for budget in budgets:
         b = budget.value
         try:
-            plan = make_plan(args.profile_dir, args.target, budget, args.objective, None,
-                             args.vllm_gpu, args.llamacpp_build, args.robust)
+            plan = make_plan(profile_dir, target, budget, objective, None, vllm_gpu, llamacpp_build, robust)
         except SensprofError as e:
             if "infeasible" in str(e):
-                print(f"--avg-bits {b:g}: infeasible for {args.target}")
+                log(f"--avg-bits {b:g}: infeasible for {target}")
                 continue
             raise
         path = os.path.join(out, f"plan-{b:g}bits.json")
         plan.save(path)
         plans.append((path, plan))
-        rows.append({"budget_avg_bits": b, "context_len": args.context_len, "avg_bits": plan.predicted["avg_bits"],
-                     "fraction_of_bf16": plan.predicted["fraction_of_bf16"],
-                     "predicted_damage": plan.predicted["damage"], "engine": plan.engine_summary(), "plan": path})
+        rows.append({"budget_avg_bits": b, "context_len": context_len, "avg_bits": plan.predicted.avg_bits,
+                     "fraction_of_bf16": plan.predicted.fraction_of_bf16,
+                     "predicted_damage": plan.predicted.damage, "engine": plan.engine_summary(), "plan": path})
     if not rows:
-        raise SensprofError(f"every budget was infeasible for target {args.target}; try larger --avg-bits")
+        raise SensprofError(f"every budget was infeasible for target {target}; try larger --avg-bits")
     df = pd.DataFrame(rows)
     best = float("inf")
     frontier = []
@@ -57,33 +60,31 @@ def run_sweep(args) -> None:
         frontier.append(r.predicted_damage < best - 1e-18)
         best = min(best, r.predicted_damage)
     df = df.sort_values("avg_bits").assign(frontier=frontier)
-    if args.validate:
-        df = _validate_sweep(df, profile, plans, args, out)
+    if validate:
+        df = _validate_sweep(df, profile, plans, uniform, windows, seq_len, model_options or {}, out, log)
     atomic_write_text(os.path.join(out, "sweep.csv"), df.to_csv(index=False))
-    with pd.option_context("display.width", 200, "display.max_colwidth", 60):
-        print(df.drop(columns=["plan"]).to_string(index=False))
-    print(f"wrote {out}/sweep.csv" + (", uniform.csv" if args.validate else "") + f" and {len(rows)} plans")
+    return df, out
 
 
-def _validate_sweep(df, profile, plans, args, out):
+def _validate_sweep(df, profile, plans, which, windows, seq_len, model_options, out, log):
     """Measure each plan and the menu's uniform configurations on unseen windows, and compare (compare_with_uniform)."""
     import pandas as pd
 
-    from .report.data import near_frontier, uniform_configs
-    from .table import atomic_write_text
-    from .validate import UNIFORM, layer_choices, measure
+    from .files import atomic_write_text
+    from .models import load_for_plan
+    from .report.data import config_bits, config_bits_at, near_frontier, uniform_configs
+    from .validate import UNIFORM, layer_choices, measure, validation_windows
 
     template = plans[0][1]
-    loaded = _load_for_plan(template, None, args.device)
-    ids = validation_windows(template, loaded.tokenizer, args.windows, args.seq_len)
-    configs = {"plan " + os.path.basename(p): load_plan(p).layers for p in df.plan}
+    loaded = load_for_plan(template, **model_options)
+    ids = validation_windows(template, loaded.tokenizer, windows, seq_len)
+    by_path = dict(plans)
+    configs = {"plan " + os.path.basename(p): by_path[p].layers for p in df.plan}
     uniform = uniform_configs(profile.table, profile.meta, every=True)
-    if args.uniform == "frontier":
+    if which == "frontier":
         uniform = near_frontier(uniform)
-    elif args.uniform == "none":
+    elif which == "none":
         uniform = uniform.iloc[0:0]
-    from .report.data import config_bits, config_bits_at
-
     n = len(template.layers)
     standard = pd.DataFrame([{"config": name, "k_scheme": k, "v_scheme": v,
                               "avg_bits": config_bits(profile.meta, [(k, v)] * n), "predicted_kl": float("nan")}
@@ -92,8 +93,8 @@ def _validate_sweep(df, profile, plans, args, out):
     uniform = uniform.drop_duplicates(["k_scheme", "v_scheme"])
     for r in uniform.itertuples():
         configs[r.config] = layer_choices(template, (r.k_scheme, r.v_scheme))
-    print(f"measuring {len(df)} plans and {len(uniform)} uniform configurations on {ids.shape[0]} x {ids.shape[1]} "
-          "unseen tokens")
+    log(f"measuring {len(df)} plans and {len(uniform)} uniform configurations on {ids.shape[0]} x {ids.shape[1]} "
+        "unseen tokens")
     done = []
 
     def progress(name):
@@ -107,7 +108,6 @@ def _validate_sweep(df, profile, plans, args, out):
     uniform = uniform.assign(measured_kl=[measured[c]["kl"] for c in uniform.config],
                              dppl=[measured[c]["dppl"] for c in uniform.config]).sort_values("avg_bits")
     n_tokens = int(ids.shape[1])  # what a cache of the validation length holds, full-precision tokens included
-    by_path = dict(plans)
     df = df.assign(avg_bits_at_len=[config_bits_at(profile.meta, [(p.k_scheme, p.v_scheme) for p in by_path[
         path].layers], n_tokens) for path in df.plan])
     uniform = uniform.assign(avg_bits_at_len=[config_bits_at(profile.meta, [(r.k_scheme, r.v_scheme)] * n, n_tokens)

@@ -6,12 +6,13 @@ old or the new version, never a torn one; parts are per layer, so a resumed run 
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from dataclasses import dataclass
 
 from .errors import SensprofError
+from .files import (atomic_write_bytes, atomic_write_text, check_artifact, check_writable, read_json, safe_name,
+                    write_json)
+from .specs import compact_ranges
 
 FORMAT_VERSION = 1
 KIND = "sensprof-profile"
@@ -26,51 +27,6 @@ STATS_COLUMNS = ["layer", "layer_kind", "tensor", "outlier_ratio", "outlier_rati
 OWN_FILES = {META, CALIBRATION, PARTS, TABLE, HEADS, STATS, LENGTHS}
 
 
-def atomic_write_text(path: str, text: str) -> None:
-    _atomic_write(path, text, "w", "utf-8")
-
-
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    _atomic_write(path, data, "wb", None)
-
-
-def _atomic_write(path: str, data, mode: str, encoding: str | None) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, mode, encoding=encoding) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_json(path: str, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True, allow_nan=True) + "\n")
-
-
-def read_json(path: str, what: str):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise SensprofError(f"{what} {path!r} is missing; re-run `sensprof profile` into that directory") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise SensprofError(f"{what} {path!r} is corrupt (not valid JSON); delete it and re-run `sensprof profile`") from None
-
-
 def _csv_text(rows: list[dict], columns: list[str]) -> str:
     import pandas as pd
 
@@ -79,29 +35,6 @@ def _csv_text(rows: list[dict], columns: list[str]) -> str:
 
 def write_csv(path: str, rows: list[dict], columns: list[str]) -> None:
     atomic_write_text(path, _csv_text(rows, columns))
-
-
-def check_writable(path: str, flag: str = "--out", kind: str = "dir") -> None:
-    """Refuse an output path that cannot be written, before any work: a directory where a file goes (`kind`
-    "file") or a file where a directory goes, or one in a read-only place. Probes the nearest existing
-    directory with a temporary file, so nothing is created and nothing existing changes."""
-    if kind == "file" and os.path.isdir(path):
-        raise SensprofError(f"{flag} {path!r} is a directory; pass a file path, e.g. "
-                            f"{os.path.join(path, 'out.json')!r}")
-    if kind == "dir" and os.path.exists(path) and not os.path.isdir(path):
-        raise SensprofError(f"{flag} {path!r} is a file; pass a directory path")
-    d = os.path.abspath(path if kind == "dir" else os.path.dirname(os.path.abspath(path)))
-    while not os.path.exists(d):
-        d = os.path.dirname(d)
-    try:
-        if not os.path.isdir(d):
-            raise NotADirectoryError(20, f"{d} is a file")
-        fd, probe = tempfile.mkstemp(dir=d, prefix=".tmp-probe")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise SensprofError(f"cannot write to {flag} {path!r} ({e.strerror or e}); pass a path in a writable "
-                            "directory") from None
 
 
 def remove_temp_files(out_dir: str) -> None:
@@ -147,17 +80,6 @@ def check_out_dir(out_dir: str, settings: dict) -> dict | None:
             "pass another --out or delete that directory")
     remove_temp_files(out_dir)
     return sync_with_parts(out_dir, meta)
-
-
-def check_artifact(obj, kind: str, version: int, where: str, what: str, command: str) -> None:
-    """Refuse an artifact of another kind or format version (the habit of versioned configs)."""
-    if not isinstance(obj, dict) or obj.get("kind") != kind:
-        raise SensprofError(f"{where!r} is not a sensprof {what} (it is of another kind); pass one written by "
-                            f"`sensprof {command}`")
-    if obj.get("format_version") != version:
-        raise SensprofError(
-            f"{where!r} holds a {what} format version {obj.get('format_version')!r}; this sensprof reads version "
-            f"{version}: re-run `sensprof {command}`")
 
 
 LAYER_KEYS = ("index", "kind", "window", "kv_heads", "head_dim")
@@ -361,12 +283,41 @@ def load_profile(out_dir: str, require_complete: bool = False) -> Profile:
     return Profile(table, heads, stats, meta, calibration, out_dir)
 
 
+def usable_cells(profile):
+    """The profile's rows, less those a since-corrected emulation measured (schemes.REVISIONS), said once."""
+    import sys
+
+    from .schemes import scheme_revision
+
+    recorded = profile.meta.get("schemes", {})
+    stale = sorted(n for n in set(profile.table.scheme)
+                   if recorded.get(n, {}).get("revision", 1) < scheme_revision(n))
+    if stale:
+        print(f"sensprof: note: ignoring {', '.join(stale)}: this profile measured them with an earlier emulation; "
+              "re-profile them (`sensprof profile --schemes ...` into a new --out) to plan with them", file=sys.stderr)
+    return profile.table[~profile.table.scheme.isin(stale)]
+
+
+def summed_damage(table, pairs, column: str = "kl") -> float:
+    """The additive prediction: per-layer (K, V) schemes' `column` summed over layers ('none' costs 0); NaN where
+    the table lacks a cell (or there is no table)."""
+    if table is None:
+        return float("nan")
+    idx = table.set_index(["layer", "tensor", "scheme"])[column]
+    total = 0.0
+    for layer, (k, v) in enumerate(pairs):
+        for tensor, s in (("K", k), ("V", v)):
+            if s == "none":
+                continue
+            if (layer, tensor, s) not in idx.index:
+                return float("nan")
+            total += float(idx.loc[(layer, tensor, s)])
+    return total
+
+
 def default_out_dir(model: str) -> str:
     """profiles/<model name>, the name cleaned for a directory."""
-    import re
-
-    name = os.path.basename(model.rstrip("/")) if os.path.exists(model) else model
-    return os.path.join("profiles", re.sub(r"[^A-Za-z0-9._-]+", "_", name.removesuffix(".gguf")))
+    return os.path.join("profiles", safe_name(model))
 
 
 def length_dir(out_dir: str, seq_len: int) -> str:
@@ -422,37 +373,3 @@ def merge_profiles(dirs: list[str], out_dir: str) -> dict:
     meta["merged_from"] = [os.path.abspath(d) for d in dirs]
     write_json(os.path.join(out_dir, META), meta)
     return meta
-
-
-def compact_ranges(xs) -> str:
-    xs = sorted(xs)
-    out, i = [], 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
-def parse_layers(spec: str | None, n_layers: int) -> list[int]:
-    """'0-11', '3', '0,5,7-9' -> sorted indices; refuses out-of-range or malformed specs."""
-    if spec is None or spec == "" or spec == "all":
-        return list(range(n_layers))
-    out = set()
-    for part in spec.split(","):
-        part = part.strip()
-        try:
-            if "-" in part:
-                a, b = part.split("-", 1)
-                lo, hi = int(a), int(b)
-            else:
-                lo = hi = int(part)
-        except ValueError:
-            raise SensprofError(f"--layers {spec!r} is malformed; use e.g. 0-11 or 0,3,5-7") from None
-        if lo > hi or lo < 0 or hi >= n_layers:
-            raise SensprofError(
-                f"--layers {spec!r} is out of range: the model has layers 0-{n_layers - 1}")
-        out.update(range(lo, hi + 1))
-    return sorted(out)

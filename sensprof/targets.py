@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .engines.vllm.catalog import GPU_NAMES  # no torch; it imports nothing from here at module level
+from .engines.vllm.catalog import GPU_NAMES, check_vllm_gpu  # noqa: F401  (no torch; imports nothing from here)
 from .errors import SensprofError
 
 VLLM_GPUS = tuple(GPU_NAMES)
@@ -97,10 +97,17 @@ TARGETS = {
 }
 
 
-def check_vllm_gpu(gpu: str) -> str:
-    if gpu not in VLLM_GPUS:
-        raise SensprofError(f"unknown --vllm-gpu {gpu!r}; choose one of {', '.join(VLLM_GPUS)}")
-    return gpu
+def engine_dtypes(gpu: str, head_dims=None):
+    """The dtypes vLLM runs on `gpu` (and, given the model's head dims, that its kernels take)."""
+    from .engines.vllm.catalog import DTYPES
+
+    out = []
+    for d in DTYPES:
+        if gpu not in d.gpus or any(d.head_dim_problem(h, gpu) for h in head_dims or ()):
+            continue
+        k, v = d.schemes_on(gpu)
+        out.append(EngineDtype(d.flag_value, k, v, needs_scales=d.needs_scales, boundary_skip=d.boundary_skip))
+    return tuple(out)
 
 
 def get_target(name: str, vllm_gpu: str | None = None, llamacpp_build: str | None = None,
@@ -116,8 +123,6 @@ def get_target(name: str, vllm_gpu: str | None = None, llamacpp_build: str | Non
     if llamacpp_build is not None and name != "llamacpp":
         raise SensprofError(f"--llamacpp-build only applies to target llamacpp, not {name}")
     if name == "vllm":
-        from .engines.vllm.catalog import engine_dtypes
-
         gpu = check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU)
         return dataclasses.replace(target, dtypes=engine_dtypes(gpu, head_dims), gpu=gpu)
     if llamacpp_build is not None:

@@ -4,15 +4,18 @@ and measure it beside uniform configurations: did summing per-layer damage predi
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
 from .errors import SensprofError
 from .hooks import attention_taps
-from .plan import LayerPlan, Plan, predicted_summary
+from .artifacts import LayerPlan, Plan
+from .plan import predicted_summary
 from .outputs import Baseline, MaterializedBaseline, output_head
 from .schemes import get_scheme
 from .taps import QuantTap
+from .table import summed_damage
 from .targets import get_target
 
 # Uniform references every validation shows.
@@ -41,7 +44,7 @@ def reference_configs(plan: Plan) -> dict[str, list[LayerPlan]]:
         configs.setdefault(name, layer_choices(plan, pair))
     n = len(plan.layers)
     if plan.target == "vllm":
-        target = get_target("vllm", plan.engine.get("vllm_gpu"), head_dims={p.head_dim for p in plan.layers})
+        target = get_target("vllm", plan.engine.vllm_gpu, head_dims={p.head_dim for p in plan.layers})
         for d in target.dtypes:
             forced = set(d.forced_skips(n))
             note = f", vLLM keeps layers {' '.join(map(str, sorted(forced)))}" if forced else ", all layers"
@@ -56,24 +59,22 @@ def reference_configs(plan: Plan) -> dict[str, list[LayerPlan]]:
         for d in get_target("llamacpp").dtypes:
             if d.k_scheme != "none":
                 configs.setdefault(f"llama.cpp -ctk {d.flag_value} -ctv {d.flag_value}", layer_choices(plan, d.schemes))
-    skipped = plan.engine.get("skip_layers") or []
-    forced = set(plan.engine.get("forced_skip_layers") or [])
-    chosen = [i for i in skipped if i not in forced]
-    if plan.target == "vllm" and chosen:
+    if plan.target != "vllm":
+        return dict(configs)
+    forced = set(plan.engine.forced_skip_layers)
+    chosen = [i for i in plan.engine.skip_layers if i not in forced]
+    if chosen:
         k = len(chosen)
         pair = plan_engine_schemes(plan)
         firsts = set(sorted(set(range(n)) - forced)[:k]) | forced
-        configs.setdefault(f"vllm {plan.engine['kv_cache_dtype']}, skip first {k} layers (heuristic)", layer_choices(
+        configs.setdefault(f"vllm {plan.engine.kv_cache_dtype}, skip first {k} layers (heuristic)", layer_choices(
             plan, [("none", "none") if i in firsts else pair for i in range(n)]))
     return dict(configs)
 
 
 def plan_engine_schemes(plan: Plan) -> tuple[str, str]:
-    """The (K, V) schemes of a global-dtype plan (plans of format 1 stored one `scheme` for both)."""
-    e = plan.engine
-    if "k_scheme" in e:
-        return e["k_scheme"], e["v_scheme"]
-    return e["scheme"], e["scheme"]
+    """The (K, V) schemes of a global-dtype plan."""
+    return plan.engine.k_scheme, plan.engine.v_scheme
 
 
 class _Distinct(dict):
@@ -88,19 +89,7 @@ class _Distinct(dict):
 
 def predicted_damage(profile_table, layers: list[LayerPlan], objective_col: str = "kl") -> float:
     """Sum of per-layer measured damage, or NaN where the profile lacks a cell."""
-    if profile_table is None:
-        return float("nan")
-    idx = profile_table.set_index(["layer", "tensor", "scheme"])[objective_col]
-    total = 0.0
-    for p in layers:
-        for tensor, s in (("K", p.k_scheme), ("V", p.v_scheme)):
-            if s == "none":
-                continue
-            key = (p.layer, tensor, s)
-            if key not in idx.index:
-                return float("nan")
-            total += float(idx.loc[key])
-    return total
+    return summed_damage(profile_table, [(p.k_scheme, p.v_scheme) for p in layers], objective_col)
 
 
 @torch.inference_mode()
@@ -164,3 +153,70 @@ def format_table(df) -> str:
                      f"{r.predicted_kl:>10.2e}{r.measured_kl:>10.2e}{r.measured_over_predicted:>10.2f}{r.dppl:>9.4f}")
     return "\n".join(lines)
 
+
+# ---------------------------------------------------------------- windows and lengths a plan is judged on
+
+
+def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int | None):
+    """Windows from the profile's text that the profile did not use."""
+    from .data import bos_prefix, overlapping_slots, select_windows
+
+    settings = plan.profile.settings
+    exclude = set(plan.profile.window_slots or [])
+    seq = seq_len or settings["seq_len"]
+    if seq != settings["seq_len"]:  # other slot boundaries: leave out every window that overlaps a profiled one
+        prefix = len(bos_prefix(tokenizer))
+        exclude = overlapping_slots(exclude, settings["seq_len"] - prefix, seq - prefix)
+    ids, _, _, _ = select_windows(tokenizer, plan.profile.text_files, seq,
+                                  windows or settings["windows"], settings["seed"] + 1, exclude)
+    return ids
+
+
+def validate_plan(plan: Plan, loaded, windows=None, seq_len=None, progress=None):
+    """Measured table of the plan beside the reference configurations."""
+    from .table import load_profile
+
+    ids = validation_windows(plan, loaded.tokenizer, windows, seq_len)
+    configs = {"plan": plan.layers, **reference_configs(plan)}
+    measured = measure(loaded.model, ids, configs, progress)
+    path = plan.profile.locate()
+    if path is None:
+        print(f"sensprof: note: {plan.profile.missing_note()}", file=sys.stderr)
+    return validation_table(plan, measured, configs, load_profile(path).table if path else None)
+
+
+def validation_lengths(plan: Plan, spec, model) -> list[int]:
+    """--seq-len for validate: a length or a list; default the profile's length and 4x it (within the model)."""
+    from .models import max_positions
+
+    from .data import parse_seq_lens
+
+    own = int(plan.profile.settings["seq_len"])
+    limit = max_positions(model)
+    if spec is None:
+        longer = 4 * own if limit is None else min(4 * own, limit)
+        return parse_seq_lens(f"{own},{longer}", limit)
+    return parse_seq_lens(spec, limit)
+
+
+def advantage_note(df) -> str | None:
+    """A warning when the plan beats every uniform configuration of as much memory at the first length but not
+    at a longer one."""
+    ratios = {}
+    for n, g in df.groupby("seq_len", sort=True):
+        rich = g[g.memory_vs_plan == ">="]
+        if len(rich):
+            best = rich.loc[rich.measured_kl.idxmin()]
+            ratios[int(n)] = (float(g[g.config == "plan"].measured_kl.iloc[0]) / float(best.measured_kl), best.config)
+    if len(ratios) < 2:
+        return None
+    first, *rest = sorted(ratios)
+    if ratios[first][0] >= 1:
+        return None
+    lost = [n for n in rest if ratios[n][0] >= 1]
+    if not lost:
+        return None
+    n = lost[0]
+    return (f"warning: the plan's advantage over uniform configurations of as much memory vanishes at {n} tokens: "
+            f"its KL is {ratios[n][0]:.2f}x that of {ratios[n][1]} there (was {ratios[first][0]:.2f}x at {first}); "
+            "profile at that length (`sensprof profile --seq-len ...`) and re-plan")

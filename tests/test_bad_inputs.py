@@ -7,6 +7,7 @@ that mean nothing, outputs that cannot be written, prompts and lengths the model
 from __future__ import annotations
 
 import json
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -19,9 +20,8 @@ from conftest import tiny_config
 from test_cli import FAST, assert_one_error_line, cli_error, run_cli, save_model_dir
 from test_export import make_plan, save, sglang_plan, vllm_plan
 
-from sensprof.budget import Budget
 from sensprof.errors import SensprofError
-from sensprof.plan import load_plan
+from sensprof.artifacts import load_plan
 from sensprof.planner import problem_from_table
 from sensprof.table import load_profile
 
@@ -230,7 +230,7 @@ def test_sweep_refuses_a_meaningless_budget_before_writing_any_plan(capsys, good
 
 def test_plan_json_is_never_written_with_nan(tmp_path):
     plan = make_plan("sensprof", {}, [("q4_0", "q4_0")] * 3)
-    plan.budget = Budget("avg_bits", 4).to_json() | {"value": float("inf")}
+    plan = plan.replace(predicted=dataclasses.replace(plan.predicted, damage=float("inf")))
     with pytest.raises(SensprofError, match="NaN or infinite"):
         plan.save(str(tmp_path / "p.json"))
     assert not os.listdir(tmp_path)
@@ -247,11 +247,11 @@ def _export(capsys, plan_path, *argv):
 def test_plan_for_another_layer_count_without_model(capsys, tiny_model_dir, tmp_path, n):
     """`export` without --model loads no weights, but reads the config of the model the plan names."""
     plan = vllm_plan(kinds=[("full", None)] * n)
-    plan.model_id = tiny_model_dir
+    plan = plan.replace(model_id=tiny_model_dir)
     msg = _export(capsys, save(plan, tmp_path), "--format", "vllm")
     assert f"the plan has {n} layers but {tiny_model_dir} has 3" in msg and "--model" in msg and "re-plan" in msg
     plan = vllm_plan(kinds=[("full", None)] * 3)  # the tiny model's count: no complaint
-    plan.model_id = tiny_model_dir
+    plan = plan.replace(model_id=tiny_model_dir)
     rc, out, err = run_cli(capsys, "export", save(plan, tmp_path), "--format", "vllm")
     assert rc == 0, err
 

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from sensprof.api import load_windows
+from sensprof.data import load_windows
 from sensprof.data import (
     bos_prefix,
     builtin_corpus,

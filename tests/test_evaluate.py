@@ -30,13 +30,13 @@ from sensprof.evaluate.tasks import (
     retrieval_sample,
 )
 from sensprof.models import describe_layers, fingerprint
-from sensprof.plan import LayerPlan, Plan
+from sensprof.artifacts import LayerPlan, Plan
 
 
 def _plan(model, pairs) -> Plan:
     layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, k, v, 0.0, 0.0, {})
               for i, (k, v) in zip(describe_layers(model), pairs)]
-    return Plan("tiny", fingerprint(model), "sensprof", "kl", {}, layers, {}, {}, {}, {})
+    return Plan.hand_made("tiny", fingerprint(model), layers)
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ format checks refuse what an engine cannot run, SGLang scale files and vLLM chec
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -21,7 +22,9 @@ from sensprof.export.checkpoint import KV_CACHE_SCHEME, RECIPE_FILE, SCALES_FILE
 from sensprof.export.llamacpp import llamacpp_argv
 from sensprof.export.sglang import sglang_argv, sglang_scales
 from sensprof.export.vllm import VLLM_KV_DTYPES, parse_version, skip_tokens, vllm_argv
-from sensprof.plan import FP8_E4M3_MAX, LayerPlan, Plan, load_plan, predicted_summary
+from sensprof.artifacts import LayerPlan, Plan, load_plan
+from sensprof.constants import FP8_E4M3_MAX
+from sensprof.plan import predicted_summary
 
 GIB = 2**30
 MODEL = "/models/my tiny model"  # a space: the command line must quote it
@@ -122,7 +125,7 @@ def test_vllm_dtypes_are_vllm_choices(scheme, flag):
 
 def test_all_layers_skipped_is_plain_auto():
     plan = vllm_plan(skip=(0, 1, 2))
-    plan.engine["kv_cache_dtype"] = "auto"  # what the planner writes when every layer is skipped
+    plan = plan.replace(engine=dataclasses.replace(plan.engine, kv_cache_dtype="auto"))  # the planner's when every layer is skipped
     args = parse_vllm(command_line(vllm_argv(plan, MODEL, "0.10")))  # no skip flag, so any version
     assert args.kv_cache_dtype == "auto" and args.kv_cache_dtype_skip_layers is None
 
@@ -153,7 +156,7 @@ def test_skip_layers_from_vllm_033(version):
                                           ("turboquant_k3v4_nc", "0.20"), ("nvfp4", "0.33")])
 def test_each_dtype_is_gated_at_the_release_it_came_with(dtype, since):
     plan = vllm_plan("int4_per_token_head", "int4_per_token_head")
-    plan.engine["kv_cache_dtype"] = dtype
+    plan = plan.replace(engine=dataclasses.replace(plan.engine, kv_cache_dtype=dtype))
     older = f"0.{int(since.split('.')[1]) - 1}"
     with pytest.raises(SensprofError, match=f"--kv-cache-dtype {dtype} needs vLLM >= {since}"):
         vllm_argv(plan, MODEL, older)
@@ -164,10 +167,10 @@ def test_dtype_that_does_not_run_on_the_named_gpu_is_refused():
     plan = vllm_plan("int4_per_token_head", "int4_per_token_head")
     for dtype, gpu in (("nvfp4_4over6", "hopper"), ("ultraquant_4bit", "hopper"), ("octave_k3v4", "ampere"),
                        ("fp8_per_token_head", "ampere"), ("nvfp4", "rocm")):
-        plan.engine["kv_cache_dtype"] = dtype
+        plan = plan.replace(engine=dataclasses.replace(plan.engine, kv_cache_dtype=dtype))
         with pytest.raises(SensprofError, match=f"{dtype} does not run on .* in vLLM 0.33 .*--vllm-gpu {gpu}"):
             vllm_argv(plan, MODEL, gpu=gpu)
-    plan.engine["kv_cache_dtype"] = "turboquant_k8v4"
+    plan = plan.replace(engine=dataclasses.replace(plan.engine, kv_cache_dtype="turboquant_k8v4"))
     assert vllm_argv(plan, MODEL, gpu="ampere")[4] == "turboquant_k8v4"
     with pytest.raises(SensprofError, match="unknown --vllm-gpu 'tpu'"):
         vllm_argv(plan, MODEL, gpu="tpu")
@@ -214,7 +217,7 @@ def test_cli_vllm_export_and_version_gate(tmp_path, capsys):
 
 def test_cli_vllm_export_lists_vllms_boundary_layers_and_its_pool(tmp_path, capsys):
     plan = vllm_plan("int4_per_token_head", "int4_per_token_head", skip=(0, 2))
-    plan.engine.update(kv_cache_dtype="turboquant_k3v4_nc", forced_skip_layers=[0, 2], vllm_gpu="hopper")
+    plan = plan.replace(engine=dataclasses.replace(plan.engine, kv_cache_dtype="turboquant_k3v4_nc", forced_skip_layers=[0, 2], vllm_gpu="hopper"))
     rc, out, err = run_cli(capsys, "export", save(plan, tmp_path), "--format", "vllm", "--gpu-mem-gib", "1")
     assert rc == 0, err
     args = parse_vllm(out)
@@ -228,7 +231,7 @@ def test_cli_vllm_export_lists_vllms_boundary_layers_and_its_pool(tmp_path, caps
     fit = facts.tokens_that_fit(2**30, layers)
     assert f"{fit:,} tokens fit in 1 GiB" in out
     assert out.count("tokens fit") + out.count("tokens vs") == 1  # vLLM's pool arithmetic replaces the plain one
-    plan.engine.update(kv_cache_dtype="fp8_per_token_head", forced_skip_layers=[])
+    plan = plan.replace(engine=dataclasses.replace(plan.engine, kv_cache_dtype="fp8_per_token_head", forced_skip_layers=[]))
     line = one_error_line(*run_cli(capsys, "export", save(plan, tmp_path), "--format", "vllm", "--vllm-gpu", "ampere"))
     assert "fp8_per_token_head does not run on Ampere" in line and "--vllm-gpu ampere" in line
 
@@ -242,7 +245,7 @@ def test_unknown_format_is_refused(tmp_path, capsys):
         check_format(plan, "trtllm")
     line = one_error_line(*run_cli(capsys, "export", save(plan, tmp_path), "--format", "trtllm"))
     assert "unknown --format" in line
-    assert FORMATS == ("vllm", "sglang", "llamacpp")
+    assert tuple(FORMATS) == ("vllm", "sglang", "llamacpp")
 
 
 @pytest.mark.parametrize("target,fmt", [("sensprof", "vllm"), ("sensprof", "sglang"), ("sensprof", "llamacpp"),
@@ -363,8 +366,7 @@ def test_sglang_scales_need_every_layer():
 
 def test_sglang_scales_never_zero():
     plan = sglang_plan()
-    for p in plan.layers:
-        p.absmax = {}
+    plan = plan.replace(layers=tuple(dataclasses.replace(p, absmax={}) for p in plan.layers))
     assert all(s > 0 for s in sglang_scales(plan, "llama", 3)["kv_cache"]["scaling_factor"]["0"].values())
 
 
@@ -463,7 +465,7 @@ def test_write_checkpoint(fp8_plan, tiny_model_dir, capsys):
     assert rc == 0, err
     args = parse_vllm(out, model=str(ckpt))
     assert args.kv_cache_dtype == "fp8_e4m3"
-    skipped = plan.engine["skip_layers"]
+    skipped = sorted(plan.engine.skip_layers)
     assert args.kv_cache_dtype_skip_layers == [str(i) for i in skipped]
     assert f"# wrote {ckpt}" in out
     assert "add --write-checkpoint" not in out
@@ -522,11 +524,10 @@ def test_write_checkpoint(fp8_plan, tiny_model_dir, capsys):
 def test_write_checkpoint_without_scales(fp8_plan, capsys, dtype):
     """Dynamic-scale dtypes: a plain bf16 model directory, no scales, no kv_cache_scheme; dtype on the command line."""
     plan = load_plan(fp8_plan.path)
-    plan.engine = {**plan.engine, "kv_cache_dtype": dtype, "k_scheme": dtype, "v_scheme": dtype,
-                   "needs_scales": False}
-    for p in plan.layers:
-        if p.k_scheme != "none":
-            p.k_scheme = p.v_scheme = dtype
+    plan = plan.replace(engine=dataclasses.replace(plan.engine, kv_cache_dtype=dtype, k_scheme=dtype, v_scheme=dtype,
+                                                   needs_scales=False),
+                        layers=tuple(p if p.k_scheme == "none" else dataclasses.replace(p, k_scheme=dtype, v_scheme=dtype)
+                                     for p in plan.layers))
     path = str(fp8_plan.root / f"{dtype}.json")
     plan.save(path)
     target = fp8_plan.root / f"ckpt-{dtype}"

@@ -4,6 +4,7 @@ model (slow), a --write-checkpoint directory that transformers reloads to the sa
 
 from __future__ import annotations
 
+import dataclasses
 import copy
 import json
 import os
@@ -104,8 +105,7 @@ def write_gguf(path, **fields):
 
 def gguf_plan(tmp_path, model_id, n_layers=3):
     plan = vllm_plan("int4_per_token_head", "int4_per_token_head", skip=(0,), kinds=[("full", None)] * n_layers)
-    plan.model_id = model_id
-    return save(plan, tmp_path)
+    return save(plan.replace(model_id=model_id), tmp_path)
 
 
 def test_vllm_never_serves_the_builtin_gguf(tmp_path, capsys):
@@ -275,10 +275,9 @@ def smollm2_plan(fp, target="vllm", dtype="fp8_e4m3", skip=(0,)):
     if target == "vllm":
         engine["skip_layers"] = list(skip)
     plan = make_plan(target, engine, pairs, [("full", None)] * 30, model_id="smollm2-135m", fingerprint=fp)
-    for p in plan.layers:
-        p.kv_heads, p.head_dim = 3, 64
-    plan.predicted.update(predicted_summary(plan.layers))  # the prediction of these layers, as a planner writes it
-    return plan
+    layers = tuple(dataclasses.replace(p, kv_heads=3, head_dim=64) for p in plan.layers)
+    # the prediction of these layers, as a planner writes it
+    return plan.replace(layers=layers, predicted=dataclasses.replace(plan.predicted, **predicted_summary(layers)))
 
 
 @pytest.mark.slow
@@ -345,7 +344,7 @@ def test_default_model_plain_checkpoint_and_sglang(smollm2, tmp_path, capsys):
 
 def test_smollm2_plan_shape():
     plan = smollm2_plan("0" * 16)
-    assert len(plan.layers) == 30 and plan.engine["skip_layers"] == [0]
+    assert len(plan.layers) == 30 and list(plan.engine.skip_layers) == [0]
     with pytest.raises(SensprofError, match="only kind SGLang loads"):
         from sensprof.export.sglang import sglang_scales
 

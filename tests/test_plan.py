@@ -6,23 +6,19 @@ from __future__ import annotations
 import dataclasses
 
 import json
+import os
 
 import pytest
 import torch
 from conftest import VOCAB, make_tiny_model
 
 from sensprof.budget import Budget
-from sensprof.commands import describe_plan, make_plan, plan_path
+from sensprof.plan import make_plan
 from sensprof.errors import SensprofError
 from sensprof.memory import MODEL_BITS, bits_per_element
-from sensprof.plan import (
-    FP8_E4M3_MAX,
-    PLAN_FORMAT_VERSION,
-    PLAN_KIND,
-    Plan,
-    load_plan,
-    predicted_summary,
-)
+from sensprof.artifacts import PLAN_FORMAT_VERSION, PLAN_KIND, EngineSettings, Plan, load_plan
+from sensprof.constants import FP8_E4M3_MAX
+from sensprof.plan import predicted_summary
 from sensprof.planner import OBJECTIVES
 from sensprof.profile import run_profile
 from sensprof.schemes import get_scheme, parse_schemes
@@ -72,8 +68,8 @@ def test_plan_records_the_profile_and_solution(plans, profile, target):
     assert plan.target == target and plan.objective == "kl"
     assert plan.model_id == "tiny-gemma3"
     assert plan.model_fingerprint == profile.meta["model"]["fingerprint"]
-    assert plan.budget == BUDGETS[target].to_json()
-    assert plan.solver["status"] == "Optimal"
+    assert plan.budget == BUDGETS[target]
+    assert plan.solver.status == "Optimal"
     assert [p.layer for p in plan.layers] == [0, 1, 2]
     assert [(p.kind, p.window) for p in plan.layers] == [("sliding", 8), ("sliding", 8), ("full", None)]
     assert all(p.kv_heads == 2 and p.head_dim == HEAD_DIM for p in plan.layers)
@@ -87,10 +83,10 @@ def test_plan_records_the_profile_and_solution(plans, profile, target):
             else:
                 row = table[(table.layer == p.layer) & (table.tensor == tensor) & (table.scheme == scheme)]
                 assert dmg == pytest.approx(float(row.kl.iloc[0]), rel=1e-12)
-    assert plan.predicted["damage"] == pytest.approx(sum(p.k_damage + p.v_damage for p in plan.layers), rel=1e-9)
-    assert plan.predicted["budget_used"] <= plan.predicted["budget_limit"] * (1 + 1e-9)
-    assert plan.profile["window_slots"] == [3, 5]
-    assert plan.profile["settings"] == profile.meta["settings"]
+    assert plan.predicted.damage == pytest.approx(sum(p.k_damage + p.v_damage for p in plan.layers), rel=1e-9)
+    assert plan.predicted.budget_used <= plan.predicted.budget_limit * (1 + 1e-9)
+    assert plan.profile.window_slots == (3, 5)
+    assert plan.profile.settings == profile.meta["settings"]
     assert plan.created
 
 
@@ -107,19 +103,19 @@ def test_plan_respects_its_budget_and_target(plans, target):
         kept = {c for c in pairs if c != ("none", "none")}
         assert len(kept) == 1
         (k_scheme, v_scheme), = kept
-        assert (plan.engine["k_scheme"], plan.engine["v_scheme"]) == (k_scheme, v_scheme)
-        assert plan.engine["kv_cache_dtype"] == engine_dtype_for(tgt, k_scheme, v_scheme).flag_value
-        assert plan.engine["skip_layers"] == [i for i, c in enumerate(pairs) if c == ("none", "none")]
+        assert (plan.engine.k_scheme, plan.engine.v_scheme) == (k_scheme, v_scheme)
+        assert plan.engine.kv_cache_dtype == engine_dtype_for(tgt, k_scheme, v_scheme).flag_value
+        assert list(plan.engine.skip_layers) == [i for i, c in enumerate(pairs) if c == ("none", "none")]
     elif target == "sglang":
         assert len(set(pairs)) == 1 and pairs[0][0] == pairs[0][1]
-        assert plan.engine["kv_cache_dtype"] == engine_dtype_for(tgt, pairs[0][0]).flag_value
+        assert plan.engine.kv_cache_dtype == engine_dtype_for(tgt, pairs[0][0]).flag_value
     elif target == "llamacpp":
         assert len(set(pairs)) == 1
-        assert plan.engine["cache_type_k"] == engine_dtype_for(tgt, pairs[0][0]).flag_value
-        assert plan.engine["cache_type_v"] == engine_dtype_for(tgt, pairs[0][1]).flag_value
+        assert plan.engine.cache_type_k == engine_dtype_for(tgt, pairs[0][0]).flag_value
+        assert plan.engine.cache_type_v == engine_dtype_for(tgt, pairs[0][1]).flag_value
     else:
-        assert plan.engine == {}
-        assert plan.predicted["damage"] > 0  # 6 of 16 bits: quantizing is unavoidable
+        assert plan.engine == EngineSettings()
+        assert plan.predicted.damage > 0  # 6 of 16 bits: quantizing is unavoidable
 
 
 @pytest.mark.parametrize("target", list(BUDGETS))
@@ -127,18 +123,18 @@ def test_predicted_avg_bits_is_memory_bits_per_element(plans, target):
     plan = plans[target]
     expected = sum(_bits(p) for p in plan.layers) / len(plan.layers)
     pred = plan.predicted
-    assert pred["avg_bits"] == pytest.approx(expected, rel=1e-12)
-    assert pred["fraction_of_bf16"] == pytest.approx(expected / MODEL_BITS, rel=1e-12)
+    assert pred.avg_bits == pytest.approx(expected, rel=1e-12)
+    assert pred.fraction_of_bf16 == pytest.approx(expected / MODEL_BITS, rel=1e-12)
     elems = sum(2 * p.kv_heads * p.head_dim for p in plan.layers)
-    assert pred["bf16_bytes_per_token"] == elems * 2
-    assert pred["bytes_per_token"] == pytest.approx(expected * elems / 8, rel=1e-12)
-    assert predicted_summary(plan.layers) == {k: pred[k] for k in
+    assert pred.bf16_bytes_per_token == elems * 2
+    assert pred.bytes_per_token == pytest.approx(expected * elems / 8, rel=1e-12)
+    assert predicted_summary(plan.layers) == {k: getattr(pred, k) for k in
                                               ("avg_bits", "bytes_per_token", "bf16_bytes_per_token",
                                                "fraction_of_bf16")}
 
 
 def test_predicted_summary_by_hand():
-    from sensprof.plan import LayerPlan
+    from sensprof.artifacts import LayerPlan
 
     layers = [LayerPlan(0, "full", None, 2, 64, "q4_0", "q8_0", 0.0, 0.0),  # 4.5 and 8.5 bits
               LayerPlan(1, "full", None, 1, 128, "none", "int2_c32", 0.0, 0.0)]  # 16 and 2 + 32/32 bits
@@ -165,7 +161,7 @@ def test_save_and_load_round_trip(plans, tmp_path, target):
 
 
 def test_larger_budget_never_predicts_more_damage(profile_dir, profile):
-    damages = [make_plan(profile_dir, "sensprof", Budget("avg_bits", b)).predicted["damage"] for b in (4, 6, 10, 16)]
+    damages = [make_plan(profile_dir, "sensprof", Budget("avg_bits", b)).predicted.damage for b in (4, 6, 10, 16)]
     assert all(a >= b for a, b in zip(damages, damages[1:])), damages
     assert damages[0] > damages[1] > damages[2]
     assert damages[-1] == 0.0  # 16 bits: nothing needs quantizing
@@ -188,11 +184,11 @@ def test_infeasible_plan_from_a_real_profile(profile_dir):
 
 def test_describe_and_default_path(plans):
     plan = plans["vllm"]
-    text = describe_plan(plan)
-    assert "target vllm" in text and f"kv_cache_dtype={plan.engine['kv_cache_dtype']}" in text
+    text = plan.describe()
+    assert "target vllm" in text and f"kv_cache_dtype={plan.engine.kv_cache_dtype}" in text
     assert len(text.splitlines()) == 3 + len(plan.layers)
-    assert plan_path(plan) == "plans/tiny-gemma3-vllm-10bits.json"
-    assert plan_path(plans["llamacpp"]) == "plans/tiny-gemma3-llamacpp-0.4frac.json"
+    assert plan.default_path() == "plans/tiny-gemma3-vllm-10bits.json"
+    assert plans["llamacpp"].default_path() == "plans/tiny-gemma3-llamacpp-0.4frac.json"
 
 
 def test_plan_at_a_context_length(profile_dir, tmp_path):
@@ -201,10 +197,10 @@ def test_plan_at_a_context_length(profile_dir, tmp_path):
 
     plan = make_plan(profile_dir, "sensprof", Budget("avg_bits", 6, context_len=40))
     p = plan.predicted
-    assert p["context_len"] == 40 and p["avg_bits_at_context"] == pytest.approx(held_avg_bits(plan.layers, 40))
-    assert p["avg_bits_at_context"] <= 6 + 1e-9 and p["avg_bits_at_context"] >= p["avg_bits"] - 1e-9
-    assert plan.budget["context_len"] == 40 and plan_path(plan) == "plans/tiny-gemma3-sensprof-6bits-at40.json"
-    assert "held at 40 tokens" in describe_plan(plan)
+    assert p.context_len == 40 and p.avg_bits_at_context == pytest.approx(held_avg_bits(plan.layers, 40))
+    assert p.avg_bits_at_context <= 6 + 1e-9 and p.avg_bits_at_context >= p.avg_bits - 1e-9
+    assert plan.budget.context_len == 40 and plan.default_path() == "plans/tiny-gemma3-sensprof-6bits-at40.json"
+    assert "held at 40 tokens" in plan.describe()
     path = tmp_path / "p.json"
     plan.save(str(path))
     assert load_plan(str(path)).budget == plan.budget
@@ -232,11 +228,39 @@ def plan_json(plans):
     return plans["sensprof"].to_json()
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None])
+@pytest.mark.parametrize("version", [0, 3, "1", None, True])
 def test_other_format_version_is_refused(tmp_path, plan_json, version):
     plan_json["format_version"] = version
-    with pytest.raises(SensprofError, match=r"plan format version .*this sensprof reads version 1.*sensprof plan"):
+    with pytest.raises(SensprofError, match=r"plan format version .*this sensprof reads versions 1 and 2.*sensprof plan"):
         load_plan(_write(tmp_path, plan_json))
+
+
+def test_a_version_1_plan_is_read(tmp_path, plans, profile_dir):
+    """Version 1: the profile path absolute, no profile fingerprint; read as the same plan."""
+    plan = plans["vllm"]
+    old = plan.to_json() | {"format_version": 1}
+    old["profile"] = {k: v for k, v in old["profile"].items() if k != "fingerprint"} | {
+        "path": os.path.abspath(profile_dir)}
+    again = load_plan(_write(tmp_path, old))
+    assert again.layers == plan.layers and again.engine == plan.engine and again.predicted == plan.predicted
+    assert again.profile.fingerprint == plan.model_fingerprint and again.profile.locate() == os.path.abspath(profile_dir)
+
+
+def test_the_profile_path_is_stored_relative_to_the_plan(tmp_path, plans, profile_dir):
+    """A plan moved together with its profile still finds it; an absolute path is never written."""
+    import shutil
+
+    home = tmp_path / "project"
+    shutil.copytree(profile_dir, home / "profiles" / "p")
+    plan = plans["sensprof"].replace(profile=dataclasses.replace(plans["sensprof"].profile,
+                                                                 path=str(home / "profiles" / "p")))
+    plan.save(str(home / "plans" / "x.json"))
+    stored = json.loads((home / "plans" / "x.json").read_text())["profile"]["path"]
+    assert stored == os.path.join("..", "profiles", "p")
+    moved = tmp_path / "elsewhere"
+    shutil.move(str(home), str(moved))
+    again = load_plan(str(moved / "plans" / "x.json"))
+    assert again.profile.locate() == os.path.normpath(str(moved / "profiles" / "p"))
 
 
 def test_missing_format_version_is_refused(tmp_path, plan_json):

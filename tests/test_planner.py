@@ -157,15 +157,15 @@ def check_structure(problem, target, sol, num_skip=None):
         for k, v in kept:
             d = engine_dtype_for(target, k, v)
             assert d is not None, "one vLLM dtype's own K and V formats"
-            assert (sol.engine["k_scheme"], sol.engine["v_scheme"]) == (k, v)
-            assert sol.engine["kv_cache_dtype"] == d.flag_value
-            assert sol.engine["needs_scales"] == d.needs_scales
+            assert (sol.engine.k_scheme, sol.engine.v_scheme) == (k, v)
+            assert sol.engine.kv_cache_dtype == d.flag_value
+            assert sol.engine.needs_scales == d.needs_scales
             forced = d.forced_skips(n)
-            assert sol.engine["forced_skip_layers"] == forced
+            assert list(sol.engine.forced_skip_layers) == forced
             assert set(forced) <= set(skipped), "vLLM's own boundary layers are always kept"
-        assert sol.engine["skip_layers"] == skipped
+        assert list(sol.engine.skip_layers) == skipped
         if len(skipped) == n:
-            assert sol.engine["kv_cache_dtype"] == "auto"
+            assert sol.engine.kv_cache_dtype == "auto"
         if num_skip is not None and kept:
             assert len(skipped) - len(forced) == num_skip
         return
@@ -174,10 +174,10 @@ def check_structure(problem, target, sol, num_skip=None):
     if target.structure == "global":
         assert k == v
         d = engine_dtype_for(target, k)
-        assert d is not None and sol.engine["kv_cache_dtype"] == d.flag_value
+        assert d is not None and sol.engine.kv_cache_dtype == d.flag_value
     else:
-        assert sol.engine["cache_type_k"] == engine_dtype_for(target, k).flag_value
-        assert sol.engine["cache_type_v"] == engine_dtype_for(target, v).flag_value
+        assert sol.engine.cache_type_k == engine_dtype_for(target, k).flag_value
+        assert sol.engine.cache_type_v == engine_dtype_for(target, v).flag_value
 
 
 def check_against_brute_force(problem, target, budget, num_skip=None):
@@ -241,7 +241,7 @@ def test_vllm_target_with_fixed_num_skip_is_optimal(seed):
         sol = check_against_brute_force(problem, target, budget_between(rng, problem, target, kind, num_skip),
                                         num_skip)
         if sol is not None:
-            assert len(sol.engine["skip_layers"]) == num_skip
+            assert len(sol.engine.skip_layers) == num_skip
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -259,7 +259,7 @@ def test_sglang_picks_auto_when_the_budget_allows_the_full_cache():
     problem = random_problem(rng, 3, SGLANG_SCHEMES, SGLANG_SCHEMES)
     sol = plan(problem, TARGETS["sglang"], Budget("avg_bits", 16))
     assert sol.choices == [(NONE, NONE)] * 3
-    assert sol.engine["kv_cache_dtype"] == "auto"
+    assert sol.engine.kv_cache_dtype == "auto"
     assert sol.damage == 0
 
 
@@ -284,7 +284,7 @@ def test_llamacpp_k_and_v_types_may_differ():
     budget = Budget("avg_bits", (4.5 + 8.5) / 2)  # q4_0 = 4.5, q8_0 = 8.5 bits at head_dim 64
     sol = plan(problem, TARGETS["llamacpp"], budget)
     assert sol.choices == [("q4_0", "q8_0")] * 3
-    assert sol.engine == {"cache_type_k": "q4_0", "cache_type_v": "q8_0"}
+    assert (sol.engine.cache_type_k, sol.engine.cache_type_v) == ("q4_0", "q8_0")
 
 
 def test_vllm_skips_the_most_damaged_layers():
@@ -293,11 +293,11 @@ def test_vllm_skips_the_most_damaged_layers():
     damage = {(i, t, "fp8_e4m3"): dmg[i] for i in range(4) for t in "KV"}
     problem = Problem(layers, damage, {"K": ["fp8_e4m3"], "V": ["fp8_e4m3"]})
     sol = plan(problem, VLLM, Budget("avg_bits", 12))  # fp8 8 bits: two of four layers kept at 16
-    assert sol.engine["skip_layers"] == [1, 3]
+    assert list(sol.engine.skip_layers) == [1, 3]
     assert sol.choices == [("fp8_e4m3", "fp8_e4m3"), (NONE, NONE), ("fp8_e4m3", "fp8_e4m3"), (NONE, NONE)]
     assert sol.damage == pytest.approx(2 * (0.01 + 0.02))
     sol = plan(problem, VLLM, Budget("avg_bits", 12), num_skip=1)
-    assert sol.engine["skip_layers"] == [1]
+    assert list(sol.engine.skip_layers) == [1]
 
 
 # --------------------------------------------------------------------------- infeasible budgets
@@ -440,14 +440,14 @@ def test_serving_budget_makes_skipping_a_sliding_layer_cheap(sliding_index):
     assert skip_sliding < skip_full
     budget = Budget("serving", skip_sliding * 1.01 / GIB, max_model_len=8192, max_num_seqs=1)
     sol = plan(problem, VLLM, budget)
-    assert sol.engine["skip_layers"] == [sliding_index]
+    assert list(sol.engine.skip_layers) == [sliding_index]
     assert sol.cost == pytest.approx(skip_sliding)
     # the same tightness as an average-bits budget (which ignores windows) skips the more damaged full layer
     sol = plan(problem, VLLM, Budget("avg_bits", 12))
-    assert sol.engine["skip_layers"] == [full_index]
+    assert list(sol.engine.skip_layers) == [full_index]
     # a little less memory: nothing can be skipped
     budget = Budget("serving", skip_sliding * 0.99 / GIB, max_model_len=8192, max_num_seqs=1)
-    assert plan(problem, VLLM, budget).engine["skip_layers"] == []
+    assert list(plan(problem, VLLM, budget).engine.skip_layers) == []
 
 
 def test_serving_cost_matches_layer_cache_bits_with_residual_tokens():
@@ -609,7 +609,7 @@ def test_num_skip_is_vllm_only_and_in_range():
         with pytest.raises(SensprofError, match="out of range"):
             plan(problem, VLLM, Budget("avg_bits", 16), num_skip=bad)
     sol = plan(problem, VLLM, Budget("avg_bits", 16), num_skip=3)
-    assert sol.choices == [(NONE, NONE)] * 3 and sol.engine["kv_cache_dtype"] == "auto"
+    assert sol.choices == [(NONE, NONE)] * 3 and sol.engine.kv_cache_dtype == "auto"
 
 
 def test_bits_per_element_of_the_schemes_used_here():
@@ -656,8 +656,8 @@ def test_vllm_boundary_layers_are_kept_and_priced_at_the_model_dtype(seed):
     for _ in range(3):
         kind = rng.choice(KINDS)
         sol = check_against_brute_force(problem, target, budget_between(rng, problem, target, kind))
-        if sol.engine.get("kv_cache_dtype") == "tq_like":
-            assert sol.engine["forced_skip_layers"] == [0, 1, n - 2, n - 1]
+        if sol.engine.kv_cache_dtype == "tq_like":
+            assert list(sol.engine.forced_skip_layers) == [0, 1, n - 2, n - 1]
 
 
 def test_vllm_boundary_dtype_chosen_keeps_its_layers_and_num_skip_counts_the_planners_own():
@@ -668,17 +668,17 @@ def test_vllm_boundary_dtype_chosen_keeps_its_layers_and_num_skip_counts_the_pla
               for s in ("int4_c32", "int2_t32", "fp8_e4m3")}
     problem = Problem(layers, damage, {"K": ["int4_c32", "fp8_e4m3"], "V": ["int2_t32", "fp8_e4m3"]})
     sol = plan(problem, target, Budget("avg_bits", 14))  # 16 would keep every layer: no damage either
-    assert sol.engine["kv_cache_dtype"] == "tq_like"
-    assert sol.engine["skip_layers"] == [0, 1, 4, 5] == sol.engine["forced_skip_layers"]
+    assert sol.engine.kv_cache_dtype == "tq_like"
+    assert list(sol.engine.skip_layers) == [0, 1, 4, 5] == list(sol.engine.forced_skip_layers)
     assert sol.choices[2] == ("int4_c32", "int2_t32") and sol.choices[0] == (NONE, NONE)
     # The four kept layers cost 16 bits per tensor; the two quantized ones 5 (K) and 3 (V) bits: 12 on average.
     expected = (4 * 32 + 2 * (5 + 3)) / 12
     assert sol.cost / Budget("avg_bits", 1).limit(layers) == pytest.approx(expected)
     sol = plan(problem, target, Budget("avg_bits", 16), num_skip=1)
-    assert len(sol.engine["skip_layers"]) == 5 and set(sol.engine["forced_skip_layers"]) < set(sol.engine["skip_layers"])
+    assert len(sol.engine.skip_layers) == 5 and set(sol.engine.forced_skip_layers) < set(sol.engine.skip_layers)
     # Below 12 bits tq_like cannot fit (its boundary layers alone cost 4 x 32): the planner falls back to fp8.
     sol = plan(problem, target, Budget("avg_bits", 11.5))
-    assert sol.engine["kv_cache_dtype"] == "fp8_e4m3" and sol.engine["forced_skip_layers"] == []
+    assert sol.engine.kv_cache_dtype == "fp8_e4m3" and list(sol.engine.forced_skip_layers) == []
 
 
 def test_llamacpp_cuda_default_build_restricts_pairs():
@@ -687,10 +687,10 @@ def test_llamacpp_cuda_default_build_restricts_pairs():
     damage = {(i, t, s): {"q8_0": 0.3, "q4_0": 0.5, "q5_1": 0.0}[s] for i in range(2) for t in "KV" for s in names}
     problem = Problem(layers, damage, {"K": list(names), "V": list(names)})
     sol = plan(problem, get_target("llamacpp"), Budget("avg_bits", 6))
-    assert (sol.engine["cache_type_k"], sol.engine["cache_type_v"]) == ("q5_1", "q5_1")
+    assert (sol.engine.cache_type_k, sol.engine.cache_type_v) == ("q5_1", "q5_1")
     # A default CUDA build has no q5_1 flash attention: the best pair it runs within 6.5 bits is K q8_0 / V q4_0.
     sol = plan(problem, get_target("llamacpp", llamacpp_build="cuda-default"), Budget("avg_bits", 6.5))
-    assert (sol.engine["cache_type_k"], sol.engine["cache_type_v"]) == ("q8_0", "q4_0")
+    assert (sol.engine.cache_type_k, sol.engine.cache_type_v) == ("q8_0", "q4_0")
     with pytest.raises(SensprofError, match="unknown --llamacpp-build 'metal'"):
         get_target("llamacpp", llamacpp_build="metal")
     with pytest.raises(SensprofError, match="--vllm-gpu only applies to target vllm"):

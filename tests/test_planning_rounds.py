@@ -166,14 +166,14 @@ def test_refine_rounds_are_recorded_and_never_worse(menu_run, tmp_path, capsys):
     assert all(math.isfinite(r["measured_kl"]) and r["measured_kl"] > 0 for r in rounds)
     assert "refine round 1:" in stdout
     assert plan["predicted"]["avg_bits"] <= 4 + 1e-9
-    from sensprof.plan import load_plan
-    from sensprof.commands import _load_for_plan
+    from sensprof.artifacts import load_plan
+    from sensprof.models import load_for_plan
     from sensprof.validate import measure
-    from sensprof.api import select_windows
+    from sensprof.data import select_windows
 
     p = load_plan(str(out))
-    loaded = _load_for_plan(p, None, "cpu")
-    s = p.profile["settings"]
+    loaded = load_for_plan(p, None, "cpu")
+    s = p.profile.settings
     ids = select_windows(loaded.tokenizer, None, s["seq_len"], s["windows"], s["seed"])[0]
     assert measure(loaded.model, ids, {"plan": p.layers})["plan"]["kl"] == pytest.approx(kept, rel=1e-6)
 
@@ -235,12 +235,12 @@ def test_profile_menu_bad_input(menu_run, capsys, tmp_path, argv, match):
 
 def test_trust_region_bounds_the_changed_choices(menu_run):
     from sensprof.budget import Budget
-    from sensprof.commands import current_cells
+    from sensprof.table import usable_cells
     from sensprof.planner import plan, problem_from_table
     from sensprof.targets import get_target
 
     prof = load_profile(menu_run.profile)
-    problem = problem_from_table(current_cells(prof), prof.meta["layers"])
+    problem = problem_from_table(usable_cells(prof), prof.meta["layers"])
     target = get_target("sensprof")
     start = plan(problem, target, Budget("avg_bits", 8.0)).choices
     free = plan(problem, target, Budget("avg_bits", 4.0)).choices

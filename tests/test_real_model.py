@@ -19,7 +19,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def real_profile(smollm2):
-    from sensprof.api import load_windows
+    from sensprof.data import load_windows
     from sensprof.profile import run_profile
 
     ids, name, digest = load_windows(smollm2.tokenizer, None, seq_len=128, windows=2, seed=0)
@@ -62,11 +62,11 @@ def test_keys_have_outlier_channels(real_profile):
 
 def _uniform_plan(model, k, v):
     from sensprof.models import describe_layers, fingerprint
-    from sensprof.plan import LayerPlan, Plan
+    from sensprof.artifacts import LayerPlan, Plan
 
     layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, k, v, 0.0, 0.0, {})
               for i in describe_layers(model)]
-    return Plan("smollm2-135m", fingerprint(model), "sensprof", "kl", {}, layers, {}, {}, {}, {})
+    return Plan.hand_made("smollm2-135m", fingerprint(model), layers)
 
 
 def test_8bit_plan_reproduces_greedy_output(smollm2):
@@ -93,7 +93,7 @@ def test_runtime_decoding_matches_the_profiler_on_the_real_model(smollm2):
     import torch
     from transformers import DynamicCache
 
-    from sensprof.api import load_windows
+    from sensprof.data import load_windows
     from sensprof.hooks import attention_taps
     from sensprof.runtime import PlannedCache
     from sensprof.runtime.generate import cache_kwarg

@@ -24,7 +24,7 @@ from conftest import make_tiny_model, one_error_line, run_cli
 
 from sensprof.cli import main
 from sensprof.memory import bits_per_element
-from sensprof.plan import load_plan
+from sensprof.artifacts import load_plan
 from sensprof.report import data
 from sensprof.schemes import get_scheme
 from sensprof.table import load_profile
@@ -250,7 +250,7 @@ def test_plan_strip_bits_are_memory_bits_per_element(run):
         assert r.k_bits == bits_per_element(get_scheme(p["k_scheme"]), p["head_dim"])
         assert r.v_bits == bits_per_element(get_scheme(p["v_scheme"]), p["head_dim"])
     # and they add up to the plan's own average
-    assert (strip.k_bits + strip.v_bits).sum() / (2 * len(strip)) == pytest.approx(plan.predicted["avg_bits"])
+    assert (strip.k_bits + strip.v_bits).sum() / (2 * len(strip)) == pytest.approx(plan.predicted.avg_bits)
 
 
 def test_plan_damage_comes_from_the_validation_csv(run, profile):
@@ -279,7 +279,7 @@ def test_plan_damage_without_validation_is_predicted_from_the_profile(run, profi
     want = sum(kl[(p.layer, "K", p.k_scheme)] + kl[(p.layer, "V", p.v_scheme)] for p in plan.layers)
     row = df.set_index("config").loc["plan"]
     assert row.predicted_kl == pytest.approx(want, rel=1e-12)
-    assert row.predicted_kl == pytest.approx(plan.predicted["damage"], rel=1e-9)  # the plan optimised KL
+    assert row.predicted_kl == pytest.approx(plan.predicted.damage, rel=1e-9)  # the plan optimised KL
     # the same prediction the validation CSV holds for the identical plan
     assert row.predicted_kl == pytest.approx(float(read_csv(run.validation)[0]["predicted_kl"]), rel=1e-9)
     uni = df.set_index("config").loc["uniform int4_per_token_head"]

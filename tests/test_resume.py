@@ -17,7 +17,8 @@ import sensprof.profile as profile_mod
 from sensprof.errors import SensprofError
 from sensprof.profile import run_profile
 from sensprof.schemes import parse_schemes
-from sensprof.table import load_profile, merge_profiles, parse_layers
+from sensprof.specs import parse_layers
+from sensprof.table import load_profile, merge_profiles
 
 SCHEMES = "int4_c32,int2_t32,int4_t32_r16,int2_c32_pre"
 TABLES = ("profile.csv", "heads.csv", "stats.csv", "calibration.json")
@@ -415,7 +416,7 @@ def test_atomic_writes_get_the_mode_a_plain_open_would(tmp_path):
     import os
     import stat
 
-    from sensprof.table import atomic_write_bytes, atomic_write_text
+    from sensprof.files import atomic_write_bytes, atomic_write_text
 
     old = os.umask(0o022)
     try:

@@ -135,7 +135,9 @@ def test_cli_screen_with_naive_is_one_error(tiny_model_dir, tmp_path, capsys):
 def test_a_table_written_before_screening_loads_as_measured(tmp_path, exact_and_screened):
     import shutil
 
-    from sensprof.table import TABLE, load_profile, write_json
+    from sensprof.files import write_json
+
+    from sensprof.table import TABLE, load_profile
 
     _, screened = exact_and_screened
     d = tmp_path / "old"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import make_tiny_model
 
-from sensprof.hooks import model_eager
+from sensprof.models import model_eager
 from sensprof.models import decoder_layers
 from sensprof.quant import fake_quant
 from sensprof.schemes import get_scheme

@@ -12,13 +12,13 @@ import pytest
 import torch
 from conftest import VOCAB, make_tiny_model, one_error_line, run_cli
 
-from sensprof.api import select_windows
+from sensprof.data import select_windows
 from sensprof.cli import main
-from sensprof.commands import validation_windows
+from sensprof.validate import validation_windows
 from sensprof.data import bos_prefix, builtin_corpus, tokenize
 from sensprof.errors import SensprofError
 from sensprof.models import describe_layers
-from sensprof.plan import LayerPlan, load_plan
+from sensprof.artifacts import LayerPlan, load_plan
 from sensprof.profile import run_profile
 from sensprof.schemes import parse_schemes
 from sensprof.validate import (
@@ -143,16 +143,16 @@ def test_validate_cli_writes_the_table(cli_run, capsys):
     assert list(df.columns) == ["config", "avg_bits", "bytes_per_token", "vs_bf16", "memory_vs_plan", "predicted_kl",
                                 "measured_kl", "kl_std", "dnll", "dppl", "measured_over_predicted", "seq_len"]
     plan = load_plan(cli_run.plan)
-    own = plan.profile["settings"]["seq_len"]
+    own = plan.profile.settings["seq_len"]
     assert sorted(set(df.seq_len)) == [own, 4 * own]  # the profile's length and 4x it, by default
     assert f"unseen windows of {4 * own} tokens" in out
     assert len(df[df.seq_len == own]) == len(df[df.seq_len == 4 * own])
     df = df[df.seq_len == own]
     row = df[df.config == "plan"].iloc[0]
     assert row.memory_vs_plan == "plan"
-    assert row.avg_bits == pytest.approx(plan.predicted["avg_bits"])
+    assert row.avg_bits == pytest.approx(plan.predicted.avg_bits)
     assert row.avg_bits <= 6 + 1e-9
-    assert row.predicted_kl == pytest.approx(plan.predicted["damage"], rel=1e-9)
+    assert row.predicted_kl == pytest.approx(plan.predicted.damage, rel=1e-9)
     assert row.measured_kl > 0 and math.isfinite(row.measured_kl)
     assert row.measured_over_predicted == pytest.approx(row.measured_kl / row.predicted_kl)
     refs = set(df.config) - {"plan"}
@@ -180,8 +180,8 @@ def test_validate_cli_vllm_plan_has_the_skip_heuristic(cli_run, capsys, tmp_path
 def test_validation_windows_are_not_the_profiled_ones(cli_run, tiny_tokenizer):
     plan = load_plan(cli_run.plan)
     profiled, _, _, slots = select_windows(tiny_tokenizer, None, 32, 2, 0)
-    assert plan.profile["window_slots"] == slots
-    assert plan.profile["settings"]["seq_len"] == 32 and plan.profile["settings"]["windows"] == 2
+    assert list(plan.profile.window_slots) == list(slots)
+    assert plan.profile.settings["seq_len"] == 32 and plan.profile.settings["windows"] == 2
     ids = validation_windows(plan, tiny_tokenizer, None, None)
     assert tuple(ids.shape) == (2, 32)
     seen = {tuple(r) for r in profiled.tolist()}
@@ -197,7 +197,7 @@ def test_validation_windows_of_another_length_share_no_token_with_the_profiled_o
     prefix = bos_prefix(tiny_tokenizer)
     tokens = tokenize(tiny_tokenizer, builtin_corpus())
     body = 32 - len(prefix)
-    profiled = {i for s in plan.profile["window_slots"] for i in range(s * body, (s + 1) * body)}
+    profiled = {i for s in plan.profile.window_slots for i in range(s * body, (s + 1) * body)}
     ids = validation_windows(plan, tiny_tokenizer, 6, seq_len)
     new_body = seq_len - len(prefix)
     for row in ids.tolist():
@@ -218,8 +218,8 @@ def test_validation_windows_take_exactly_the_free_slots(tmp_path, tiny_tokenizer
     path = tmp_path / "text.txt"
     path.write_text(text)
     profiled, _, _, slots = select_windows(tiny_tokenizer, [str(path)], seq, n_slots - 2, seed=0)
-    plan = types.SimpleNamespace(profile={"settings": {"seq_len": seq, "windows": n_slots - 2, "seed": 0},
-                                          "window_slots": slots, "text_files": [str(path)]})
+    plan = types.SimpleNamespace(profile=types.SimpleNamespace(
+        settings={"seq_len": seq, "windows": n_slots - 2, "seed": 0}, window_slots=slots, text_files=[str(path)]))
     ids = validation_windows(plan, tiny_tokenizer, 2, None)
     free = sorted(set(range(n_slots)) - set(slots))
     prefix = bos_prefix(tiny_tokenizer)
@@ -267,8 +267,8 @@ def test_reference_configs_of_a_sensprof_plan(cli_run):
 
 def test_reference_configs_of_a_vllm_plan_with_skipped_layers(cli_run):
     plan = load_plan(cli_run.vplan)
-    assert plan.engine["kv_cache_dtype"] == "int4_per_token_head"
-    assert len(plan.engine["skip_layers"]) == 1
+    assert plan.engine.kv_cache_dtype == "int4_per_token_head"
+    assert len(plan.engine.skip_layers) == 1
     refs = reference_configs(plan)
     heuristic = refs["vllm int4_per_token_head, skip first 1 layers (heuristic)"]
     assert [(p.k_scheme, p.v_scheme) for p in heuristic] == [NONE2] + [("int4_per_token_head",) * 2] * 2
@@ -282,11 +282,11 @@ def test_skip_heuristic_with_two_skipped_layers(cli_run):
     import dataclasses
 
     plan = load_plan(cli_run.vplan)
-    s = plan.engine["k_scheme"]
+    s = plan.engine.k_scheme
     layers = layer_choices(plan, [NONE2, (s, s), NONE2])
-    plan = dataclasses.replace(plan, layers=layers, engine={**plan.engine, "skip_layers": [0, 2]})
+    plan = dataclasses.replace(plan, layers=layers, engine=dataclasses.replace(plan.engine, skip_layers=(0, 2)))
     refs = reference_configs(plan)
-    heuristic = refs[f"vllm {plan.engine['kv_cache_dtype']}, skip first 2 layers (heuristic)"]
+    heuristic = refs[f"vllm {plan.engine.kv_cache_dtype}, skip first 2 layers (heuristic)"]
     assert [(p.k_scheme, p.v_scheme) for p in heuristic] == [NONE2, NONE2, (s, s)]
 
 
@@ -305,7 +305,7 @@ def test_validation_table_predictions(cli_run):
 
     plan = load_plan(cli_run.plan)
     table = load_profile(cli_run.profile).table
-    assert predicted_damage(table, plan.layers) == pytest.approx(plan.predicted["damage"], rel=1e-9)
+    assert predicted_damage(table, plan.layers) == pytest.approx(plan.predicted.damage, rel=1e-9)
     assert math.isnan(predicted_damage(table, layer_choices(plan, ("int4_c32", "int4_t32"))))
     assert math.isnan(predicted_damage(None, plan.layers))
     assert predicted_damage(table, layer_choices(plan, NONE2)) == 0.0
@@ -342,7 +342,7 @@ def test_sweep_refuses_a_malformed_budget_list(cli_run, capsys):
 
 
 def test_advantage_that_vanishes_at_length_is_flagged():
-    from sensprof.commands import advantage_note
+    from sensprof.validate import advantage_note
 
     def table(plan_kl_short, plan_kl_long):
         rows = []

@@ -12,7 +12,7 @@ import pytest
 from conftest import one_error_line, run_cli
 from sensprof.cli import main
 from sensprof.targets import profile_menu
-from sensprof.plan import load_plan
+from sensprof.artifacts import load_plan
 from sensprof.schemes import get_scheme
 from sensprof.targets import get_target
 
@@ -91,10 +91,10 @@ def test_plan_chooses_a_boundary_dtype_keeps_its_layers_and_validate_shows_vllms
                            "--out", plan_path)
     assert rc == 0, err
     plan = load_plan(str(plan_path))
-    assert plan.engine["vllm_gpu"] == "hopper"
-    forced = plan.engine["forced_skip_layers"]
-    assert set(forced) <= set(plan.engine["skip_layers"])
-    if plan.engine["kv_cache_dtype"].startswith("turboquant"):
+    assert plan.engine.vllm_gpu == "hopper"
+    forced = plan.engine.forced_skip_layers
+    assert set(forced) <= set(plan.engine.skip_layers)
+    if plan.engine.kv_cache_dtype.startswith("turboquant"):
         assert forced == [0, 2]
     rc, out, err = run_cli(capsys, "validate", str(plan_path), "--device", "cpu")
     assert rc == 0, err
@@ -112,8 +112,8 @@ def test_plan_for_ampere_uses_its_own_key_formats(vllm_run, capsys):
                            "--vllm-gpu", "ampere", "--out", path)
     assert rc == 0, err
     plan = load_plan(str(path))
-    assert plan.engine["vllm_gpu"] == "ampere"
-    assert plan.engine["kv_cache_dtype"] in {d.flag_value for d in get_target("vllm", "ampere").dtypes}
+    assert plan.engine.vllm_gpu == "ampere"
+    assert plan.engine.kv_cache_dtype in {d.flag_value for d in get_target("vllm", "ampere").dtypes}
     assert not any(p.k_scheme.endswith("_qfp8") for p in plan.layers)
 
 
@@ -131,7 +131,7 @@ def test_cells_of_an_earlier_int4_emulation_are_ignored(vllm_run, tmp_path, caps
     rc, out, err = run_cli(capsys, "plan", old, "--target", "vllm", "--avg-bits", "5", "--out", tmp_path / "p.json")
     assert "ignoring int4_per_token_head: this profile measured them with an earlier emulation" in err
     if rc == 0:
-        assert load_plan(str(tmp_path / "p.json")).engine["kv_cache_dtype"] != "int4_per_token_head"
+        assert load_plan(str(tmp_path / "p.json")).engine.kv_cache_dtype != "int4_per_token_head"
     rc, out, err = run_cli(capsys, "plan", vllm_run.profile, "--target", "vllm", "--avg-bits", "5",
                            "--out", tmp_path / "q.json")
     assert rc == 0 and "ignoring" not in err
@@ -144,7 +144,7 @@ def test_serving_budget_is_checked_with_vllms_pool(vllm_run, tmp_path, capsys):
                            "--max-model-len", "1024", "--max-num-seqs", "4", "--out", path)
     assert rc == 0, err
     plan = load_plan(str(path))
-    need = plan.predicted["vllm_pool_bytes"]
-    used = plan.predicted["budget_used"]
+    need = plan.predicted.vllm_pool_bytes
+    used = plan.predicted.budget_used
     assert used <= need <= used * 1.02  # block rounding only
     assert ("vLLM's pool needs" in err) == (need > 0.01 * 2**30)

@@ -17,7 +17,8 @@ from collections.abc import Callable
 import torch
 
 from ..errors import SensprofError
-from ..plan import LayerPlan, Plan, predicted_summary
+from ..artifacts import LayerPlan, Plan
+from ..plan import predicted_summary
 from .tasks import TASKS, Sample, build_sample, format_length, min_length
 
 BASELINE = "baseline (no quantization)"
@@ -300,3 +301,12 @@ def format_eval(df, seeds: int | None = None) -> str:
 
 def _cell(r) -> str:
     return f"{r['mean']:.2f}±{r['std']:.2f}"
+
+
+def use_sdpa(model) -> None:
+    """load_model picks eager attention (the profiler reads attention weights); eval reads none, and PyTorch's
+    fused attention is faster and lighter at long context. Keep eager where a model does not support it."""
+    try:
+        model.set_attn_implementation("sdpa")
+    except (ValueError, ImportError, AttributeError):
+        pass

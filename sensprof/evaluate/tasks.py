@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import SensprofError
+from ..specs import parse_list
 
 TASKS = ("retrieval", "passkey")
 NEEDLE_TOKENS = 32  # retrieval: length of the planted random token sequence
@@ -43,40 +44,30 @@ class Sample:
 
 def parse_lengths(spec: str) -> list[int]:
     """'1k,2048,4K' -> [1024, 2048, 4096] (k = 1024 tokens)."""
-    out = []
-    for part in str(spec).split(","):
-        p = part.strip()
-        if not p:
-            continue
+    def tokens(p: str) -> int:
         m = re.fullmatch(r"(\d+(?:\.\d+)?)([kK]?)", p)
         if not m:
             raise SensprofError(f"--lengths: {p!r} is not a token count; use e.g. 1k,2k,4k or 2048")
         n = float(m.group(1)) * (1024 if m.group(2) else 1)
         if n != int(n) or n < 1:
             raise SensprofError(f"--lengths: {p!r} is not a whole positive number of tokens; use e.g. 1k or 2048")
-        out.append(int(n))
-    if not out:
-        raise SensprofError("--lengths needs at least one length, e.g. 1k,2k,4k")
-    return sorted(set(out))
+        return int(n)
+
+    return sorted(set(parse_list(spec, "--lengths", tokens, "1k,2k,4k")))
 
 
 def parse_depths(spec: str) -> list[float]:
     """'0.1,0.5,0.9' -> [0.1, 0.5, 0.9]; each in [0, 1] (0: right after the start, 1: right before the end)."""
-    out = []
-    for part in str(spec).split(","):
-        p = part.strip()
-        if not p:
-            continue
+    def depth(p: str) -> float:
         try:
             d = float(p)
         except ValueError:
             raise SensprofError(f"--depths: {p!r} is not a number; use fractions in [0, 1], e.g. 0.1,0.5,0.9") from None
         if not 0.0 <= d <= 1.0:
             raise SensprofError(f"--depths: {p} is outside [0, 1]; use fractions of the context, e.g. 0.1,0.5,0.9")
-        out.append(d)
-    if not out:
-        raise SensprofError("--depths needs at least one depth, e.g. 0.1,0.5,0.9")
-    return sorted(set(out))
+        return d
+
+    return sorted(set(parse_list(spec, "--depths", depth, "0.1,0.5,0.9")))
 
 
 def format_length(n: int) -> str:

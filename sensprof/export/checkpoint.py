@@ -16,7 +16,7 @@ import shutil
 import tempfile
 
 from ..errors import SensprofError
-from ..plan import Plan
+from ..artifacts import Plan
 
 KV_CACHE_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 SCALES_FILE = "kv_cache_scales.safetensors"
@@ -56,7 +56,7 @@ def scale_prefix(model, layer: int) -> str:
 
 
 def has_scales(plan: Plan) -> bool:
-    return plan.engine.get("kv_cache_dtype") in SCALED_DTYPES
+    return plan.engine.kv_cache_dtype in SCALED_DTYPES
 
 
 @contextlib.contextmanager
@@ -80,7 +80,7 @@ def _plain_model(model):
 
 def check_checkpoint_dir(out_dir: str) -> None:
     """--write-checkpoint must name a new or empty directory in a writable place (checked before loading)."""
-    from ..table import check_writable
+    from ..files import check_writable
 
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         what = "is an existing file" if not os.path.isdir(out_dir) else "exists and is not an empty directory"
@@ -119,7 +119,7 @@ def _add_scales(plan: Plan, model, tmp: str) -> None:
     import torch
     from safetensors.torch import save_file
 
-    skipped = set(plan.engine.get("skip_layers") or [])
+    skipped = set(plan.engine.skip_layers or [])
     tensors = {}
     for p in plan.layers:
         if p.layer in skipped:

@@ -13,7 +13,7 @@ Facts from llama.cpp's source:
 from __future__ import annotations
 
 from ..errors import SensprofError
-from ..plan import Plan
+from ..artifacts import Plan
 from ..targets import CUDA_DEFAULT_FA_PAIRS as CUDA_DEFAULT_PAIRS
 from ..targets import LLAMACPP_BUILDS
 
@@ -40,7 +40,7 @@ def llamacpp_argv(plan: Plan, model_path: str) -> list[str]:
 
 
 def cache_types(plan: Plan) -> tuple[str, str]:
-    return plan.engine.get("cache_type_k", "f16"), plan.engine.get("cache_type_v", "f16")
+    return plan.engine.cache_type_k, plan.engine.cache_type_v
 
 
 def build_comments(plan: Plan) -> list[str]:
@@ -53,3 +53,18 @@ def build_comments(plan: Plan) -> list[str]:
                 f"for it only when compiled with {CUDA_FA_OPTION} (leave -fa at its default, auto)"]
     return [f"# -ctk {k} -ctv {v} with flash attention on CUDA needs llama.cpp built with cmake {CUDA_FA_OPTION} "
             "(a default CUDA build has FA kernels only for same-type f16/q8_0/q4_0 and K q8_0 / V q4_0)"]
+
+
+# ---------------------------------------------------------------- the format's entry points (export.FORMATS)
+
+
+def check(plan: Plan, opts, name: str) -> None:
+    return None
+
+
+def needs_weights(opts) -> bool:
+    return False
+
+
+def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[str], list[str], bool]:
+    return llamacpp_argv(plan, model_path), build_comments(plan), True

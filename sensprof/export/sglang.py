@@ -11,7 +11,8 @@ per-layer scale as both k_scale and v_scale; the scale is per tensor, so every r
 from __future__ import annotations
 
 from ..errors import SensprofError
-from ..plan import FP8_E4M3_MAX, Plan
+from ..artifacts import Plan
+from ..constants import FP8_E4M3_MAX
 
 SCALED_DTYPE = "fp8_e4m3"  # the only dtype SGLang's schema loads scales for
 SCHEMA_DTYPE = "float8_e4m3fn"
@@ -19,7 +20,7 @@ SCHEMA_DTYPE = "float8_e4m3fn"
 
 def sglang_argv(plan: Plan, model_path: str, scales_path: str | None = None, tp: int = 1) -> list[str]:
     check_tp(tp)
-    dtype = plan.engine.get("kv_cache_dtype", "auto")
+    dtype = plan.engine.kv_cache_dtype
     argv = ["python", "-m", "sglang.launch_server", "--model-path", model_path, "--kv-cache-dtype", dtype]
     if tp > 1:
         argv += ["--tp-size", str(tp)]  # ServerArgs.tp_size (alias --tensor-parallel-size)
@@ -34,7 +35,7 @@ def check_tp(tp: int) -> None:
 
 
 def check_scales(plan: Plan) -> None:
-    dtype = plan.engine.get("kv_cache_dtype", "auto")
+    dtype = plan.engine.kv_cache_dtype
     if dtype != SCALED_DTYPE:
         raise SensprofError(
             f"--scales-out writes FP8 e4m3 scales, the only kind SGLang loads, but this plan uses --kv-cache-dtype "
@@ -57,3 +58,33 @@ def sglang_scales(plan: Plan, model_type: str | None, num_layers: int, tp: int =
         scales[str(p.layer)] = max(amax / FP8_E4M3_MAX, 1e-12)
     return {"model_type": model_type,
             "kv_cache": {"dtype": SCHEMA_DTYPE, "scaling_factor": {str(r): dict(scales) for r in range(tp)}}}
+
+
+# ---------------------------------------------------------------- the format's entry points (export.FORMATS)
+
+
+def check(plan: Plan, opts, name: str) -> None:
+    if opts.scales_out:
+        check_scales(plan)
+
+
+def needs_weights(opts) -> bool:
+    return False
+
+
+def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[str], list[str], bool]:
+    lines = []
+    if opts.scales_out:
+        from ..files import write_json
+        from ..models import model_config
+
+        cfg = model_config(name)
+        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg  # what SGLang's text model holds
+        layers = getattr(cfg, "num_hidden_layers", len(plan.layers))
+        write_json(opts.scales_out, sglang_scales(plan, type(cfg).model_type or cfg.model_type, layers, opts.tp))
+        lines.append(f"# wrote {opts.scales_out}: per-layer KV scales for TP ranks 0..{opts.tp - 1} "
+                     "(--quantization-param-path)")
+    elif plan.engine.needs_scales:
+        lines.append("# this plan was measured with calibrated scales: add --scales-out FILE to get them into "
+                     "SGLang (without them SGLang uses scale 1.0)")
+    return sglang_argv(plan, model_path, opts.scales_out, opts.tp), lines, True

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from ..constants import GIB
 from ..engines.vllm import facts
-from ..engines.vllm.catalog import GPU_NAMES, min_version_text
+from ..engines.vllm.catalog import GPU_NAMES, check_vllm_gpu, min_version_text
 from ..errors import SensprofError
-from ..plan import Plan
-from ..targets import check_vllm_gpu
+from ..artifacts import Plan
 
 # --kv-cache-dtype-skip-layers: added by vLLM PR #33695; its first release could not be established from the
 # source or release notes available here, so it is gated at 0.33 (engines/vllm/facts.py SKIP_FLAG_SINCE).
@@ -40,7 +42,7 @@ def parse_version(text: str) -> tuple[int, ...]:
 def skip_tokens(plan: Plan) -> list[str]:
     """Layer indices, with `sliding_window` standing for exactly the skipped sliding layers when that
     covers every sliding layer of the model."""
-    skipped = list(plan.engine.get("skip_layers") or [])
+    skipped = list(plan.engine.skip_layers or [])
     sliding = [p.layer for p in plan.layers if p.kind == "sliding"]
     if sliding and set(sliding) <= set(skipped):
         rest = [i for i in skipped if i not in sliding]
@@ -50,7 +52,7 @@ def skip_tokens(plan: Plan) -> list[str]:
 
 def check_gpu(plan: Plan, gpu: str | None) -> None:
     """A dtype that vLLM 0.33 does not run on the named GPU is refused (facts.py, read from its backends)."""
-    dtype = plan.engine.get("kv_cache_dtype", "auto")
+    dtype = plan.engine.kv_cache_dtype
     if gpu is None or dtype not in facts.DTYPES:
         return
     check_vllm_gpu(gpu)
@@ -63,7 +65,7 @@ def check_gpu(plan: Plan, gpu: str | None) -> None:
 
 def vllm_argv(plan: Plan, model_path: str, version: str = DEFAULT_VERSION, gpu: str | None = None) -> list[str]:
     v = parse_version(version)
-    dtype = plan.engine.get("kv_cache_dtype", "auto")
+    dtype = plan.engine.kv_cache_dtype
     if dtype not in VLLM_KV_DTYPES:
         raise SensprofError(f"the plan's KV dtype {dtype!r} is not one vLLM accepts; re-plan with --target vllm")
     since = dtype_since(dtype)
@@ -87,18 +89,18 @@ def vllm_comments(plan: Plan, gpu_mem_gib: float, layers: list[tuple]) -> list[s
     """What vLLM itself adds (boundary layers) and what its KV pool holds (`layers`: vllm_layers), with vLLM's
     own page arithmetic."""
     lines = []
-    forced = plan.engine.get("forced_skip_layers") or []
+    forced = plan.engine.forced_skip_layers or []
     if forced:
         lines.append(f"# vLLM itself keeps layers {' '.join(map(str, forced))} at the model dtype for "
-                     f"{plan.engine['kv_cache_dtype']} (boundary layers); they are listed so the line says what runs")
-    gpu = plan.engine.get("vllm_gpu")
+                     f"{plan.engine.kv_cache_dtype} (boundary layers); they are listed so the line says what runs")
+    gpu = plan.engine.vllm_gpu
     if gpu:
         lines.append(f"# planned and measured for {GPU_NAMES.get(gpu, gpu)}; on another GPU pass "
                      "--vllm-gpu to `sensprof plan` (dtypes and fp8 query casts differ)")
     if layers:
         unquantized = [("auto", h, d, w) for _, h, d, w in layers]
         per_tok, bf16 = facts.pool_bytes_per_token(layers), facts.pool_bytes_per_token(unquantized)
-        budget = int(gpu_mem_gib * 2**30)
+        budget = int(gpu_mem_gib * GIB)
         fit, fit16 = facts.tokens_that_fit(budget, layers), facts.tokens_that_fit(budget, unquantized)
         lines.append(f"# vLLM's KV pool (its page/block arithmetic): {per_tok:,.0f} bytes per token vs {bf16:,.0f} "
                      f"at bf16; {fit:,} tokens fit in {gpu_mem_gib:g} GiB vs {fit16:,} at bf16")
@@ -107,10 +109,10 @@ def vllm_comments(plan: Plan, gpu_mem_gib: float, layers: list[tuple]) -> list[s
 
 def vllm_layers(plan: Plan) -> list[tuple]:
     """(dtype, kv_heads, head_dim, sliding window) per layer, as vLLM allocates them (facts.plan_pool)."""
-    dtype = plan.engine.get("kv_cache_dtype", "auto")
+    dtype = plan.engine.kv_cache_dtype
     if dtype not in facts.DTYPES:
         return []
-    skipped = set(plan.engine.get("skip_layers") or [])
+    skipped = set(plan.engine.skip_layers or [])
     try:
         layers = [("auto" if p.layer in skipped else dtype, p.kv_heads, p.head_dim,
                    p.window if p.kind == "sliding" else None) for p in plan.layers]
@@ -124,7 +126,8 @@ def gguf_model_for_vllm(model: str, hub_id: str | None = None) -> tuple[str, lis
     """What `vllm serve` gets for a GGUF model: vLLM 0.33 has no GGUF loader (no "gguf" in
     model_executor/model_loader's LoadFormats), so name the repository the GGUF was converted from.
     Returns (model to serve, comment lines); a one-line error when nothing names it."""
-    from ..models import hub_id_from, resolve_model, served_hub_id
+    from ..hub import hub_id_from, served_hub_id
+    from ..models import resolve_model
 
     gguf = resolve_model(model)["gguf_file"]
     if hub_id is not None:
@@ -144,3 +147,64 @@ def gguf_model_for_vllm(model: str, hub_id: str | None = None) -> tuple[str, lis
                 "(the repository it was converted from) or --write-checkpoint DIR (a bf16 copy vLLM serves)")
     return repo, [f"# vLLM has no GGUF loader, so this serves {repo} ({how}): the unquantized weights {gguf} "
                   "was made from; to serve the profiled GGUF weights themselves, add --write-checkpoint DIR"]
+
+
+def with_vllm_pool(plan: Plan, budget) -> Plan:
+    """The planner prices each layer's own bytes; vLLM's pool also aligns block sizes and pads pages when skipped
+    and quantized layers share it (hybrid sliding-window models). Record what vLLM would need and say if it is more."""
+    import sys
+
+    layers = vllm_layers(plan)
+    if not layers:
+        return plan
+    pool = facts.plan_pool(layers)
+    need = pool.blocks_per_request(budget.max_model_len) * budget.max_num_seqs * pool.bytes_per_block
+    plan = plan.replace(predicted=dataclasses.replace(plan.predicted, vllm_pool_bytes=need))
+    if need > budget.value * GIB:
+        print(f"sensprof: note: vLLM's pool needs {need / GIB:.4g} GiB for this plan ({budget.max_num_seqs} x "
+              f"{budget.max_model_len} tokens, its block alignment and page padding included), more than "
+              f"--gpu-mem-gib {budget.value:g}; give vLLM that much, or plan with a smaller --gpu-mem-gib",
+              file=sys.stderr)
+    return plan
+
+
+# ---------------------------------------------------------------- the format's entry points (export.FORMATS)
+
+
+def check(plan: Plan, opts, name: str) -> None:
+    from . import is_gguf
+
+    vllm_argv(plan, "-", opts.vllm_version, opts.vllm_gpu)  # refuse a bad version, dtype or GPU before loading
+    if opts.hub_id is not None and not is_gguf(name):
+        raise SensprofError(f"--hub-id is for GGUF models; vLLM serves {name} as it is")
+
+
+def needs_weights(opts) -> bool:
+    return bool(opts.write_checkpoint)
+
+
+def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[str], list[str], bool]:
+    from . import is_gguf
+
+    lines = []
+    if opts.write_checkpoint:
+        from .checkpoint import has_scales, write_checkpoint
+
+        write_checkpoint(plan, loaded.model, loaded.tokenizer, opts.write_checkpoint)  # saved as bf16
+        model_path = opts.write_checkpoint
+        if has_scales(plan):
+            lines.append(f"# wrote {model_path}: bf16 weights + calibrated per-layer k_scale/v_scale "
+                         "(compressed-tensors kv_cache_scheme) + llmcompressor_recipe.yaml")
+        else:
+            lines.append(f"# wrote {model_path}: bf16 weights and tokenizer, no KV scales: vLLM quantizes "
+                         f"{plan.engine.kv_cache_dtype} with its own scales, so the dtype goes on the command line")
+    else:
+        if is_gguf(name):
+            model_path, notes = gguf_model_for_vllm(name, opts.hub_id)
+            lines += notes
+        if plan.engine.needs_scales:
+            lines.append("# this plan was measured with calibrated scales: add --write-checkpoint DIR to get "
+                         "them into vLLM (without them vLLM uses scale 1.0)")
+    argv = vllm_argv(plan, model_path, opts.vllm_version, opts.vllm_gpu)
+    layers = vllm_layers(plan)
+    return argv, vllm_comments(plan, opts.gpu_mem_gib, layers) + lines, not layers  # vLLM's pool says what fits

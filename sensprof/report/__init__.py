@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 import os
-import re
 
 from .. import __version__
 from ..errors import SensprofError
-from ..table import atomic_write_bytes, atomic_write_text, check_writable, load_profile
+from ..files import atomic_write_bytes, atomic_write_text, check_writable, safe_name
+from ..table import load_profile
 from . import data, plots
 from .html import Section, Table, page
 
@@ -20,7 +20,7 @@ HTML_NAME = "report.html"
 
 
 def _stem(path: str, taken: set[str]) -> str:
-    base = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.splitext(os.path.basename(path))[0]) or "plan"
+    base = safe_name(os.path.splitext(os.path.basename(path))[0])
     stem, i = base, 2
     while stem in taken:
         stem, i = f"{base}-{i}", i + 1
@@ -146,9 +146,9 @@ def _plan_sections(plan, path: str, stem: str, profile, damage) -> list[Section]
     strip = data.plan_strip(plan)
     p = plan.predicted
     budget = plan.budget
-    bdesc = f"{budget.get('kind')} {budget.get('value')}"
+    bdesc = f"{budget.kind} {budget.value}"
     head = (f"{os.path.basename(path)}: target {plan.target}, objective {plan.objective}, budget {bdesc}, "
-            f"{p['avg_bits']:.2f} bits/element ({p['fraction_of_bf16']:.3f} of bf16)")
+            f"{p.avg_bits:.2f} bits/element ({p.fraction_of_bf16:.3f} of bf16)")
     engine = plan.engine_summary()
     strip_sec = Section(
         f"Plan {stem}: scheme per layer", (
@@ -156,7 +156,7 @@ def _plan_sections(plan, path: str, stem: str, profile, damage) -> list[Section]
             "value cache, coloured by the stored bits per element of the chosen scheme (memory.py's formula, "
             "scales and zero-points included) and labelled with the scheme."),
         f"plan-{stem}-strip.png", plots.png_bytes(plots.plan_strip(strip, f"Plan {stem}: target {plan.target}, "
-                                                                              f"{p['avg_bits']:.2f} bits/element; {engine}")),
+                                                                              f"{p.avg_bits:.2f} bits/element; {engine}")),
         [Table("per layer", _round(strip), collapsed=len(strip) > 12)])
     df, vpath = damage
     measured = vpath is not None

@@ -13,9 +13,10 @@ import pandas as pd
 
 from ..errors import SensprofError
 from ..memory import bits_per_element
-from ..plan import Plan, held_avg_bits, load_plan, predicted_summary
+from ..artifacts import Plan, load_plan
+from ..plan import held_avg_bits, predicted_summary
 from ..schemes import get_scheme
-from ..summary import REFERENCE_SCHEMES
+from ..table import summed_damage
 
 METRICS = {
     "kl": "KL(baseline ‖ quantized) of the next token, mean per token",
@@ -25,6 +26,8 @@ METRICS = {
 }
 STATS_TENSORS = {"K_pre": "K before RoPE", "K": "K after RoPE", "V": "V"}
 SWEEP_COLUMNS = ["budget_avg_bits", "avg_bits", "predicted_damage", "plan"]
+
+REFERENCE_SCHEMES = ("int4_per_token_head", "q4_0", "int4_c32", "fp8_e4m3")  # the K-vs-V figure's, first found
 
 
 def check_metric(metric: str) -> str:
@@ -156,16 +159,7 @@ def config_bits_at(meta, pairs, n_tokens: int) -> float:
 
 def predicted_kl(table, pairs) -> float:
     """Sum of the profile's per-layer KL for per-layer (K, V) schemes ('none' costs 0); NaN if a cell is missing."""
-    idx = table.set_index(["layer", "tensor", "scheme"]).kl
-    total = 0.0
-    for layer, (k, v) in enumerate(pairs):
-        for tensor, s in (("K", k), ("V", v)):
-            if s == "none":
-                continue
-            if (layer, tensor, s) not in idx.index:
-                return float("nan")
-            total += float(idx.loc[(layer, tensor, s)])
-    return total
+    return summed_damage(table, pairs)
 
 
 def uniform_pairs(table, every: bool = False) -> dict[str, tuple[str, str]]:
@@ -221,11 +215,8 @@ def validation_path(plan_path: str) -> str:
 
 
 def check_plan_matches(plan: Plan, meta, where: str) -> None:
-    fp = meta["model"]["fingerprint"]
-    if plan.model_fingerprint != fp:
-        raise SensprofError(
-            f"plan {where!r} was made for model {plan.model_id} (fingerprint {plan.model_fingerprint}), the profile is "
-            f"of {meta['model']['id']} (fingerprint {fp}); pass plans made from this profile's model")
+    plan.check_model(meta["model"]["fingerprint"], f"the profile's model {meta['model']['id']}",
+                     f"pass plans made from this profile's model (not {where!r})")
     if len(plan.layers) != len(meta["layers"]):
         raise SensprofError(f"plan {where!r} has {len(plan.layers)} layers, the profile {len(meta['layers'])}; "
                             "pass plans made from this profile")
@@ -260,7 +251,7 @@ def plan_damage(plan: Plan, plan_path: str, table, meta):
         df = pd.concat([df[df.config == "plan"], df[df.config != "plan"]])
         return df.reset_index(drop=True).astype({"avg_bits": float, "predicted_kl": float, "measured_kl": float}), vpath
     pairs = [(p.k_scheme, p.v_scheme) for p in plan.layers]
-    rows = [{"config": "plan", "avg_bits": plan.predicted["avg_bits"], "predicted_kl": predicted_kl(table, pairs),
+    rows = [{"config": "plan", "avg_bits": plan.predicted.avg_bits, "predicted_kl": predicted_kl(table, pairs),
              "measured_kl": float("nan")}]
     u = uniform_configs(table, meta)
     rows += [{"config": r.config, "avg_bits": r.avg_bits, "predicted_kl": r.predicted_kl, "measured_kl": float("nan")}

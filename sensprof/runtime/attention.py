@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..hooks import model_eager
+from ..models import model_eager
 
 PREFIX = "sensprof_planned_"
 

@@ -142,11 +142,8 @@ class PlannedCache(Cache):
         if model is not None and check_model:
             from ..models import describe_layers, fingerprint
 
-            if fingerprint(model) != plan.model_fingerprint:
-                raise SensprofError(f"the plan was made for another model (fingerprint {plan.model_fingerprint}, "
-                                    f"this one {fingerprint(model)}); re-plan for this model")
-            if len(describe_layers(model)) != len(plan.layers):
-                raise SensprofError("the plan's layer count differs from the model's; re-plan for this model")
+            plan.check_model(fingerprint(model), "this model", "re-plan for this model")
+            plan.check_layers([(i.kv_heads, i.head_dim) for i in describe_layers(model)], "this model")
         layers = []
         for p in plan.layers:
             for name in (p.k_scheme, p.v_scheme):

@@ -14,6 +14,7 @@ from sensprof.errors import SensprofError
 from sensprof.memory import bits_per_element, layer_cache_bits
 from sensprof.quant import fake_quant, quantize_groups
 from sensprof.schemes import get_scheme
+from sensprof import targets
 from sensprof.targets import get_target
 
 GOLD = os.path.join(os.path.dirname(__file__), "..", "data", "vllm", "per_token_head.pt")
@@ -50,11 +51,11 @@ def test_k_plus_v_storage_is_what_vllm_allocates(dtype):
 
 def test_forced_boundary_layers_are_vllms():
     for d in catalog.DTYPES:
-        e = next(iter(catalog.engine_dtypes(sorted(d.gpus)[0])), None)
+        e = next(iter(targets.engine_dtypes(sorted(d.gpus)[0])), None)
         assert e is not None
         for n in range(1, 41):
             want = [int(i) for i in facts.effective_skip_layers(d.flag_value, [], n)]
-            got = catalog.engine_dtypes(sorted(d.gpus)[0])
+            got = targets.engine_dtypes(sorted(d.gpus)[0])
             mine = next(x for x in got if x.flag_value == d.flag_value and x.needs_scales == d.needs_scales)
             assert mine.forced_skips(n) == sorted(want), (d.name, n)
 

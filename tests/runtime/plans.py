@@ -3,7 +3,7 @@
 import torch
 
 from sensprof.models import describe_layers, fingerprint
-from sensprof.plan import LayerPlan, Plan
+from sensprof.artifacts import LayerPlan, Plan
 from sensprof.runtime.generate import cache_kwarg
 
 
@@ -11,7 +11,7 @@ def make_plan(model, pairs, absmax):
     """A plan giving layer i the (K scheme, V scheme) pairs[i] and the calibrated absmax[i]."""
     layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, k, v, 0.0, 0.0, absmax[i.index])
               for i, (k, v) in zip(describe_layers(model), pairs)]
-    return Plan("tiny", fingerprint(model), "sensprof", "kl", {}, layers, {}, {}, {}, {})
+    return Plan.hand_made("tiny", fingerprint(model), layers)
 
 
 def decode_logprobs(model, cache, ids):

@@ -104,7 +104,7 @@ def test_sliding_layers_keep_only_their_window(device):
 def test_plan_for_another_model_and_unstorable_schemes_are_refused():
     model = make_tiny_model("llama")
     plan = make_plan(model, [("int4_c32", "int4_t32")] * 3, [{}] * 3)
-    with pytest.raises(SensprofError, match="another model"):
+    with pytest.raises(SensprofError, match="was made for model fingerprint"):
         PlannedCache.from_plan(plan, make_tiny_model("llama", seed=1))
     pre = make_plan(model, [("int4_c32_pre", "int4_t32")] * 3, [{}] * 3)
     with pytest.raises(SensprofError, match="cannot store"):

@@ -185,17 +185,10 @@ def engine_schemes():
     return out
 
 
-def engine_dtypes(gpu: str, head_dims=None):
-    """The dtypes vLLM runs on `gpu` (and, given the model's head dims, that its kernels take)."""
-    from ...targets import EngineDtype
-
-    out = []
-    for d in DTYPES:
-        if gpu not in d.gpus or any(d.head_dim_problem(h, gpu) for h in head_dims or ()):
-            continue
-        k, v = d.schemes_on(gpu)
-        out.append(EngineDtype(d.flag_value, k, v, needs_scales=d.needs_scales, boundary_skip=d.boundary_skip))
-    return tuple(out)
+def check_vllm_gpu(gpu: str) -> str:
+    if gpu not in GPU_NAMES:
+        raise SensprofError(f"unknown --vllm-gpu {gpu!r}; choose one of {', '.join(GPU_NAMES)}")
+    return gpu
 
 
 def get_dtype(name: str) -> VllmDtype:
@@ -219,8 +212,6 @@ def _bits_text(scheme: str, d: VllmDtype) -> str:
 
 def describe_dtypes(gpu: str | None = None, head_dim: int = 128) -> str:
     """The table `sensprof schemes --target vllm` prints."""
-    from ...targets import check_vllm_gpu
-
     gpus = [check_vllm_gpu(gpu)] if gpu else list(GPU_NAMES)
     lines = ["vLLM 0.33 --kv-cache-dtype values (bits/element incl. scales, as vLLM allocates; head_dim 64 / 128)",
              f"{'dtype':<22}{'K bits':>14}{'V bits':>14}  {'since':<6} {'runs on':<30} K / V schemes; notes"]

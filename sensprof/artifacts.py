@@ -1,0 +1,355 @@
+"""The plan artifact as typed, frozen records, and its JSON form (format version 2; version 1 is read).
+
+Every module that reads a plan reads these fields, never a dict whose keys depend on the target. The
+profile a plan came from is stored relative to the plan file (and by fingerprint), so a plan committed or
+copied to another machine still finds its profile beside it, or says it cannot. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+from dataclasses import dataclass, field
+
+from .budget import Budget
+from .constants import FP8_E4M3_MAX
+from .errors import SensprofError
+from .files import atomic_write_text, check_artifact, check_writable, read_json, safe_name
+from .memory import MODEL_BITS, bits_per_element
+from .schemes import get_scheme
+
+PLAN_FORMAT_VERSION = 2
+PLAN_KIND = "sensprof-plan"
+READABLE_VERSIONS = (1, 2)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    layer: int
+    kind: str
+    window: int | None
+    kv_heads: int
+    head_dim: int
+    k_scheme: str
+    v_scheme: str
+    k_damage: float
+    v_damage: float
+    absmax: dict = field(default_factory=dict)  # "K" / "K_pre" / "V" -> per-KV-head absmax
+
+
+# ---------------------------------------------------------------- what each target's engine is told
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The sensprof runtime: per-layer schemes, no engine flags."""
+
+    needs_scales: bool = False
+
+    def flags(self) -> dict:
+        """The settings a person reads in a summary line."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "needs_scales"}
+
+
+@dataclass(frozen=True)
+class VllmSettings(EngineSettings):
+    kv_cache_dtype: str = "auto"
+    k_scheme: str = "none"
+    v_scheme: str = "none"
+    skip_layers: tuple[int, ...] = ()
+    forced_skip_layers: tuple[int, ...] = ()  # boundary layers vLLM itself keeps at the model dtype
+    vllm_gpu: str | None = None
+
+
+@dataclass(frozen=True)
+class SglangSettings(EngineSettings):
+    kv_cache_dtype: str = "auto"
+    k_scheme: str = "none"
+    v_scheme: str = "none"
+
+
+@dataclass(frozen=True)
+class LlamacppSettings(EngineSettings):
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+
+
+ENGINE_SETTINGS: dict[str, type[EngineSettings]] = {
+    "sensprof": EngineSettings, "vllm": VllmSettings, "sglang": SglangSettings, "llamacpp": LlamacppSettings}
+
+
+def engine_settings(target: str, values: dict) -> EngineSettings:
+    """The target's settings record from a planner's (or a version-1 plan's) dict."""
+    cls = ENGINE_SETTINGS.get(target)
+    if cls is None:
+        raise SensprofError(f"unknown target {target!r}; choose one of {', '.join(ENGINE_SETTINGS)}")
+    if "scheme" in values and "k_scheme" not in values:  # the first plans stored one scheme for K and V
+        values = {k: v for k, v in values.items() if k != "scheme"} | {"k_scheme": values["scheme"],
+                                                                       "v_scheme": values["scheme"]}
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise SensprofError(f"the {target} settings hold unknown fields {unknown}; re-run `sensprof plan`")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+# ---------------------------------------------------------------- predictions, solver record, profile reference
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """What the profile predicts for the plan: summed damage and the storage it costs."""
+
+    damage: float
+    objective: str
+    avg_bits: float
+    bytes_per_token: float
+    bf16_bytes_per_token: float
+    fraction_of_bf16: float
+    budget_used: float | None = None  # in the budget's unit; None for a plan not made by the solver
+    budget_limit: float | None = None
+    context_len: int | None = None  # with Budget(context_len): the bits a cache of that length holds
+    avg_bits_at_context: float | None = None
+    vllm_pool_bytes: int | None = None  # vllm serving budgets: what vLLM's pool needs, alignment included
+
+
+@dataclass(frozen=True)
+class SolverRecord:
+    name: str
+    status: str
+    time_s: float
+    robust: float = 0.0  # --robust X: each cell cost its mean KL plus X times its spread
+    refine: tuple[dict, ...] = ()  # --refine: every round's measured and predicted KL
+
+
+@dataclass(frozen=True)
+class ProfileRef:
+    """Where the plan's numbers came from. `path` is as the program sees it (absolute or from the working
+    directory); in the file it is relative to the plan's folder."""
+
+    path: str | None
+    settings: dict
+    fingerprint: str = ""  # the profiled model's
+    window_slots: tuple[int, ...] | None = None
+    text_files: tuple[str, ...] | None = None
+    text: str | None = None
+
+    def locate(self) -> str | None:
+        """The profile directory if it is there, else None."""
+        return self.path if self.path and os.path.isdir(self.path) else None
+
+    def missing_note(self) -> str:
+        return (f"the plan's profile ({self.path or 'no path recorded'}) is not there, so its predictions are left "
+                "out; keep the profile beside the plan, or re-plan")
+
+
+@dataclass(frozen=True)
+class Plan:
+    model_id: str
+    model_fingerprint: str
+    target: str
+    objective: str
+    budget: Budget
+    layers: tuple[LayerPlan, ...]
+    engine: EngineSettings
+    predicted: Predicted
+    solver: SolverRecord
+    profile: ProfileRef
+    created: str = ""
+    format_version: int = PLAN_FORMAT_VERSION
+    kind: str = PLAN_KIND
+
+    def __post_init__(self):
+        """Records built from their JSON dicts where a caller passes dicts (the planner, tests, old code)."""
+        coerce = {
+            "layers": lambda v: tuple(_layer(x) for x in v),
+            "budget": lambda v: Budget.from_json(v) if isinstance(v, dict) else v,
+            "engine": lambda v: engine_settings(self.target, v) if isinstance(v, dict) else v,
+            "predicted": lambda v: Predicted(**v) if isinstance(v, dict) else v,
+            "solver": lambda v: solver_record(v) if isinstance(v, dict) else v,
+            "profile": lambda v: profile_ref(v, self.model_fingerprint) if isinstance(v, dict) else v,
+        }
+        for name, fn in coerce.items():
+            object.__setattr__(self, name, fn(getattr(self, name)))
+
+    @classmethod
+    def hand_made(cls, model_id: str, fingerprint: str, layers, target: str = "sensprof") -> Plan:
+        """A plan written by hand (tests, a notebook): the given layers, nothing predicted, no profile behind it."""
+        layers = tuple(_layer(x) for x in layers)
+        return cls(model_id=model_id, model_fingerprint=fingerprint, target=target, objective="kl",
+                   budget=Budget("avg_bits", 16.0), layers=layers, engine=ENGINE_SETTINGS[target](),
+                   predicted=Predicted(damage=0.0, objective="kl", **predicted_summary(layers)),
+                   solver=SolverRecord(name="none", status="hand-made", time_s=0.0),
+                   profile=ProfileRef(path=None, settings={}, fingerprint=fingerprint), created=now())
+
+    def replace(self, **changes) -> Plan:
+        return dataclasses.replace(self, **changes)
+
+    def check(self, path: str = "plan") -> None:
+        """Refuse a plan that contradicts itself: layers not 0..N-1, impossible shapes, unknown schemes, NaN or
+        negative calibration, or a layer list of another size than its prediction was made for."""
+        from .table import check_absmax
+
+        redo = "re-run `sensprof plan` (a hand-edited or damaged plan cannot be trusted)"
+        if [p.layer for p in self.layers] != list(range(len(self.layers))) or not self.layers:
+            raise SensprofError(f"plan {path!r} lists layers {[p.layer for p in self.layers][:8]}, not layers 0-N in "
+                                f"order; {redo}")
+        for p in self.layers:
+            if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (p.kv_heads, p.head_dim)):
+                raise SensprofError(f"plan {path!r} layer {p.layer} has {p.kv_heads!r} KV heads of dimension "
+                                    f"{p.head_dim!r}, not positive integers; {redo}")
+            get_scheme(p.k_scheme), get_scheme(p.v_scheme)  # an unknown name lists the valid ones
+            check_absmax(p.absmax, f"plan {path!r} (layer {p.layer})",
+                         "re-profile into a new --out and re-plan (calibration with NaN or negative absmax makes "
+                         "NaN scales)")
+        want = self.predicted.bf16_bytes_per_token
+        have = sum(2 * p.kv_heads * p.head_dim for p in self.layers) * MODEL_BITS / 8
+        if isinstance(want, (int, float)) and abs(want - have) > 1e-9 * max(have, 1.0):
+            raise SensprofError(f"plan {path!r} lists {len(self.layers)} layers holding {have:,.0f} bf16 bytes per "
+                                f"token, but it was planned for {want:,.0f}; its layer list was edited: {redo}")
+
+    def check_model(self, fingerprint: str, model: str,
+                    fix: str = "pass the profiled model with --model or re-plan") -> None:
+        """The one fingerprint check: refuse running, measuring or drawing a plan with a model (or a profile of
+        one) it was not planned for."""
+        if fingerprint != self.model_fingerprint:
+            raise SensprofError(
+                f"the plan was made for model fingerprint {self.model_fingerprint} ({self.model_id}), but {model} "
+                f"has fingerprint {fingerprint}; {fix}")
+
+    def check_layers(self, shapes: list, model: str) -> None:
+        """Refuse a plan whose layers are not the model's: `shapes` is (kv_heads, head_dim) per layer, or a
+        layer count alone as [None] * n."""
+        if len(shapes) != len(self.layers):
+            raise SensprofError(f"the plan has {len(self.layers)} layers but {model} has {len(shapes)}; pass the "
+                                "model it was planned for with --model, or re-plan from a profile of this model")
+        for p, shape in zip(self.layers, shapes):
+            if shape is not None and tuple(shape) != (p.kv_heads, p.head_dim):
+                raise SensprofError(
+                    f"the plan's layer {p.layer} has {p.kv_heads} KV heads x {p.head_dim} but {model}'s has "
+                    f"{shape[0]} x {shape[1]}; pass the model it was planned for with --model, or re-plan")
+
+    def default_path(self) -> str:
+        """plans/<model>-<target>-<budget>.json"""
+        return os.path.join("plans", f"{safe_name(self.model_id)}-{self.target}-{self.budget.tag()}.json")
+
+    def describe(self) -> str:
+        """The plan as a person reads it: storage, prediction, engine settings, one line per layer."""
+        p = self.predicted
+        lines = [f"plan for {self.model_id} -> target {self.target}: {p.avg_bits:.2f} bits/element "
+                 f"({p.fraction_of_bf16:.3f} of bf16, {p.bytes_per_token:,.0f} bytes/token"
+                 + (f"; {p.avg_bits_at_context:.2f} held at {p.context_len} tokens" if p.context_len else "")
+                 + f"), predicted {self.objective} {p.damage:.3e}; solver {self.solver.status} in "
+                   f"{self.solver.time_s:.2f} s"]
+        if self.target != "sensprof":
+            flags = self.engine.flags() | {"needs_scales": self.engine.needs_scales}
+            lines.append("engine: " + ", ".join(f"{k}={v}" for k, v in flags.items()))
+        lines.append("layer kind     K scheme             V scheme")
+        for layer in self.layers:
+            lines.append(f"{layer.layer:>5} {layer.kind:<8} {layer.k_scheme:<20} {layer.v_scheme:<20}")
+        return "\n".join(lines)
+
+    def engine_summary(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.engine.flags().items()) or "per-layer schemes"
+
+    def fp8_scale(self, layer: int, tensor: str) -> float:
+        """Per-tensor e4m3 scale (absmax / 448) an engine needs for this layer's K or V."""
+        a = self.layers[layer].absmax.get(tensor) or [0.0]
+        return max(max(a) / FP8_E4M3_MAX, 1e-12)
+
+    # ------------------------------------------------------------ JSON
+
+    def to_json(self, plan_dir: str | None = None) -> dict:
+        """The file form; `plan_dir` (the folder the plan is written to) makes the profile path relative."""
+        out = dataclasses.asdict(self)
+        out["budget"] = self.budget.to_json()
+        out["engine"] = self.engine.flags() | {"needs_scales": self.engine.needs_scales}
+        path = self.profile.path
+        if path and plan_dir is not None:
+            path = os.path.relpath(os.path.abspath(path), os.path.abspath(plan_dir))
+        out["profile"]["path"] = path
+        return _json_native(out)
+
+    @classmethod
+    def from_json(cls, obj: dict, path: str = "plan") -> Plan:
+        """A plan file's contents; `path` (the file) resolves the relative profile path and names the file in
+        errors. Version-1 plans (absolute profile paths, no fingerprint of the profile) are read as well."""
+        check_artifact(obj, PLAN_KIND, obj.get("format_version") if isinstance(obj, dict) else None, path, "plan",
+                       "plan")
+        version = obj.get("format_version")
+        if version not in READABLE_VERSIONS or isinstance(version, bool):
+            raise SensprofError(f"{path!r} holds a plan format version {version!r}; this sensprof reads versions "
+                                f"{' and '.join(map(str, READABLE_VERSIONS))}: re-run `sensprof plan`")
+        obj = {**obj, "format_version": PLAN_FORMAT_VERSION}
+        try:
+            prof = dict(obj["profile"])
+            ppath = prof.get("path")
+            if ppath and not os.path.isabs(ppath):
+                ppath = os.path.normpath(os.path.join(os.path.dirname(path), ppath))
+            plan = cls(**obj | {"profile": {**prof, "path": ppath}})
+        except (TypeError, KeyError, AttributeError, ValueError) as e:
+            raise SensprofError(f"{path!r} is a malformed plan ({e}); re-run `sensprof plan`") from None
+        plan.check(path)
+        return plan
+
+    def save(self, path: str) -> None:
+        try:
+            text = json.dumps(self.to_json(os.path.dirname(path) or "."), indent=1, allow_nan=False)
+        except ValueError:
+            raise SensprofError(f"the plan for {path!r} holds a NaN or infinite number (budget {self.budget}); "
+                                "check the profile (`sensprof summary`) and the budget, then re-plan") from None
+        check_writable(path, "--out", "file")
+        atomic_write_text(path, text + "\n")
+
+
+def _json_native(x):
+    """Tuples as lists, as the file holds them (so to_json() == json.loads(the file))."""
+    if isinstance(x, dict):
+        return {k: _json_native(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_native(v) for v in x]
+    return x
+
+
+def _layer(x) -> LayerPlan:
+    if isinstance(x, LayerPlan):
+        return x
+    if not isinstance(x, dict):
+        raise TypeError(f"a layer is {type(x).__name__}, not an object")
+    return LayerPlan(**x)
+
+
+def _tuple(x):
+    return tuple(x) if isinstance(x, (list, tuple)) else x
+
+
+def solver_record(obj: dict) -> SolverRecord:
+    return SolverRecord(name=obj["name"], status=obj["status"], time_s=float(obj["time_s"]),
+                        robust=float(obj.get("robust", 0.0)), refine=tuple(obj.get("refine", ())))
+
+
+def profile_ref(obj: dict, fingerprint: str) -> ProfileRef:
+    return ProfileRef(path=obj.get("path"), settings=dict(obj["settings"]),
+                      fingerprint=obj.get("fingerprint") or fingerprint, window_slots=_tuple(obj.get("window_slots")),
+                      text_files=_tuple(obj.get("text_files")), text=obj.get("text"))
+
+
+def predicted_summary(layers: list[LayerPlan]) -> dict:
+    """Long-context storage of the plan: bits per element and bytes per token, vs the 16-bit cache."""
+    bits = sum((bits_per_element(get_scheme(p.k_scheme), p.head_dim)
+                + bits_per_element(get_scheme(p.v_scheme), p.head_dim)) * p.kv_heads * p.head_dim for p in layers)
+    elems = sum(2 * p.kv_heads * p.head_dim for p in layers)
+    return {"avg_bits": bits / elems, "bytes_per_token": bits / 8, "bf16_bytes_per_token": elems * MODEL_BITS / 8,
+            "fraction_of_bf16": bits / (elems * MODEL_BITS)}
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def load_plan(path: str) -> Plan:
+    if not os.path.isfile(path):
+        raise SensprofError(f"plan file {path!r} does not exist; write one with `sensprof plan PROFILE_DIR`")
+    return Plan.from_json(read_json(path, "plan"), path)
