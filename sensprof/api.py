@@ -179,7 +179,8 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
 
 
 def export(plan_path: str, *, format: str, model=None, gpu_mem_gib=80.0, vllm_version=None, vllm_gpu=None,
-           hub_id=None, write_checkpoint=None, scales_out=None, tp=1, dtype=None, trust_remote_code=False) -> str:
+           hub_id=None, write_checkpoint=None, scales_out=None, tp=1, device="cpu", dtype=None, device_map=None,
+           trust_remote_code=False) -> str:
     """A ready serving command line for the plan, with comments (and scale files or a checkpoint)."""
     from .artifacts import load_plan
     from .export import ExportOptions, export_plan
@@ -190,9 +191,9 @@ def export(plan_path: str, *, format: str, model=None, gpu_mem_gib=80.0, vllm_ve
     opts = ExportOptions(format=format, model=model, gpu_mem_gib=gpu_mem_gib, vllm_version=vllm_version or
                          DEFAULT_VERSION, vllm_gpu=vllm_gpu, hub_id=hub_id, write_checkpoint=write_checkpoint,
                          scales_out=scales_out, tp=tp)
-    # on the CPU: checks and checkpoints need the weights, not speed (a GGUF model is dequantized to float32)
-    return export_plan(result, opts, lambda: load_for_plan(result, model, "cpu", dtype, None, trust_remote_code,
-                                                           quiet=True))
+    # on the CPU by default: checks and checkpoints need the weights, not speed (a GGUF model is dequantized)
+    return export_plan(result, opts, lambda: load_for_plan(result, model, device, dtype, device_map,
+                                                           trust_remote_code, quiet=True))
 
 
 def generate(plan_path: str, prompts, *, model=None, max_new_tokens=64, sample=False, seed=0, kernels="auto",

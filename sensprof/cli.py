@@ -95,7 +95,8 @@ def cmd_export(args) -> int:
     print(api.export(args.plan, format=args.format, model=args.model, gpu_mem_gib=args.gpu_mem_gib,
                      vllm_version=args.vllm_version, vllm_gpu=args.vllm_gpu, hub_id=args.hub_id,
                      write_checkpoint=args.write_checkpoint, scales_out=args.scales_out, tp=args.tp,
-                     dtype=args.dtype, trust_remote_code=args.trust_remote_code))
+                     device=args.device, dtype=args.dtype, device_map=args.device_map,
+                     trust_remote_code=args.trust_remote_code))
     return 0
 
 

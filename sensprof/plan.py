@@ -49,7 +49,7 @@ def build_plan(profile, solution, target: str, objective: str, budget) -> Plan:
 
 
 def _damage(profile, layer, tensor, scheme, objective) -> float:
-    from .planner import OBJECTIVES
+    from .table import OBJECTIVES
 
     t = profile.table
     row = t[(t.layer == layer) & (t.tensor == tensor) & (t.scheme == scheme)]

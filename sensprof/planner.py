@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 from .artifacts import EngineSettings, engine_settings
 from .budget import Budget
+from .table import OBJECTIVES
 from .errors import SensprofError
 from .schemes import get_scheme
 from .targets import EngineDtype, Target
 
-OBJECTIVES = {"kl": "kl", "dnll": "dnll", "local": "out_rel_l2"}
 NONE = "none"
 
 

@@ -22,6 +22,7 @@ TABLE, HEADS, STATS = "profile.csv", "heads.csv", "stats.csv"
 # measured: False for a cell whose KL a screened profile (--screen) predicted instead of measuring
 TABLE_COLUMNS = ["layer", "layer_kind", "tensor", "scheme", "bits", "kl", "kl_std", "dnll", "attn_kl", "out_rel_l2",
                  "measured"]
+OBJECTIVES = {"kl": "kl", "dnll": "dnll", "local": "out_rel_l2"}  # --objective -> the profile.csv column it sums
 HEAD_COLUMNS = ["layer", "tensor", "scheme", "head", "attn_kl", "out_rel_l2"]
 STATS_COLUMNS = ["layer", "layer_kind", "tensor", "outlier_ratio", "outlier_ratio_max", "kurtosis", "absmax"]
 OWN_FILES = {META, CALIBRATION, PARTS, TABLE, HEADS, STATS, LENGTHS}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 from .engines.vllm.catalog import GPU_NAMES, check_vllm_gpu  # noqa: F401  (no torch; imports nothing from here)
 from .errors import SensprofError
@@ -44,10 +45,14 @@ def same(flag: str, scheme: str | None = None, **kw) -> EngineDtype:
     return EngineDtype(flag, scheme or flag, scheme or flag, **kw)
 
 
+# how the engine lets choices vary: per layer and tensor, one dtype plus skipped layers, one for K and V, one each
+Structure = Literal["free", "global_skip", "global", "global_kv"]
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
-    structure: str  # "free" | "global_skip" | "global" | "global_kv"
+    structure: Structure
     dtypes: tuple[EngineDtype, ...] = ()
     description: str = ""
     gpu: str | None = None  # vllm: the GPU generation the dtypes were chosen for

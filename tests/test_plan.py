@@ -19,7 +19,7 @@ from sensprof.memory import MODEL_BITS, bits_per_element
 from sensprof.artifacts import PLAN_FORMAT_VERSION, PLAN_KIND, EngineSettings, Plan, load_plan
 from sensprof.constants import FP8_E4M3_MAX
 from sensprof.plan import predicted_summary
-from sensprof.planner import OBJECTIVES
+from sensprof.table import OBJECTIVES
 from sensprof.profile import run_profile
 from sensprof.schemes import get_scheme, parse_schemes
 from sensprof.table import load_profile
