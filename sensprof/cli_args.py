@@ -16,13 +16,14 @@ class Parser(argparse.ArgumentParser):
 DEVICE_HELP = "cpu, cuda, cuda:N or auto (default: cuda if available)"
 
 
-def _add_model_args(p, of: str | None = None, device_help: str = DEVICE_HELP, device_default: str = "auto"):
+def _add_model_args(p, of: str | None = None, device_help: str = DEVICE_HELP, device_default: str = "auto",
+                    model_help: str | None = None):
     """The model options every command that loads a model shares; `of`: whose model is the default (a plan's)."""
     if of is None:
         p.add_argument("--model", default="smollm2-135m",
                        help="hub id, local model directory, .gguf file, or built-in alias smollm2-135m (default)")
     else:
-        p.add_argument("--model", default=None, help=f"model to load (default: the {of}'s model)")
+        p.add_argument("--model", default=None, help=model_help or f"model to load (default: the {of}'s model)")
     p.add_argument("--device", default=device_default, help=device_help)
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--device-map", default=None, help="pass 'auto' to spread a large model over GPUs (accelerate)")
@@ -161,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--vllm-gpu", default=None,
                     help="vllm: refuse a dtype that vLLM does not run on this GPU (hopper | ampere | blackwell | rocm)")
     _add_model_args(ex, of="plan", device_help="where weights load for --model checks and --write-checkpoint "
-                    "(default cpu)", device_default="cpu")
+                    "(default cpu)", device_default="cpu",
+                    model_help="model to serve and check the plan against (default: the plan's model)")
     ex.add_argument("--gpu-mem-gib", type=float, default=80.0,
                     help="KV-cache memory for the tokens-that-fit comment (default 80)")
     ex.add_argument("--scales-out", default=None, metavar="FILE",
