@@ -3,7 +3,9 @@
 pack_bitplanes and quantize_pack_* write bit-planes in one pass (a decode step's append is one launch, not
 a handful of PyTorch ops). decode_attention reads the packed cache directly (no dequantized copy): each
 program takes one (sequence, KV head) and one slice of the tokens (split-K), unpacks the bit-planes in
-registers, and keeps an online softmax; the slices and the full-precision tail are merged by log-sum-exp.
+registers, dequantizes each tile to the query's dtype, computes q.K^T and p.V with tl.dot for all the KV head's
+query heads at once (GQA) and keeps an online softmax; the slices and the full-precision tail are merged by
+log-sum-exp.
 Tiles span the head dim, which Triton allows in powers of two only: the writers hand other shapes to the
 reference, and decode_attention declares it (NEEDS_POWER_OF_TWO_HEAD_DIM) so that the caller reads them densely.
 """
@@ -20,6 +22,7 @@ from . import reference
 from .reference import dequantize_channels, dequantize_tokens, unpack_float  # noqa: F401
 
 NAME = "triton"
+_TILE_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 NEEDS_POWER_OF_TWO_HEAD_DIM = True
 
 
@@ -147,14 +150,24 @@ def _unpack_tile(codes_ptr, plane, b_off, h_off, t, tm, d, BITS: tl.constexpr, D
 
 
 @triton.jit
+def _dot(a, b, TILE_DTYPE: tl.constexpr):
+    """a @ b accumulated in fp32; fp32 tiles in full precision (no TF32), 16-bit ones on the tensor cores."""
+    if TILE_DTYPE == tl.float32:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b, out_dtype=tl.float32)
+
+
+@triton.jit
 def _decode_kernel(q_ptr, kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr, m_ptr, l_ptr, acc_ptr,
                    HKV, T, tokens_per_split, scaling,
                    KC_P, KC_B, KC_H, KS_B, KS_H, VC_P, VC_B, VC_H, VS_B, VS_H,
                    D: tl.constexpr, BITS_K: tl.constexpr, BITS_V: tl.constexpr, GK: tl.constexpr,
                    GV: tl.constexpr, BLOCK_T: tl.constexpr, N_SPLITS: tl.constexpr, N_BLOCKS: tl.constexpr,
-                   REP: tl.constexpr, REP_P2: tl.constexpr):
+                   REP: tl.constexpr, REP_P2: tl.constexpr, USE_DOT: tl.constexpr, TILE_DTYPE: tl.constexpr):
     """One program per (sequence, KV head, split): the KV head's REP query heads share each unpacked tile,
-    so the packed cache is read once, not once per query head."""
+    so the packed cache is read once, not once per query head. With USE_DOT (every tile side >= 16, as
+    tl.dot needs) q.K^T and p.V run on the tensor cores: tiles dequantized in registers to TILE_DTYPE (the
+    query's fp16/bf16; fp32 in full IEEE precision), accumulated in fp32."""
     pid = tl.program_id(0)  # b * HKV + hkv
     split = tl.program_id(1)
     b = pid // HKV
@@ -176,7 +189,10 @@ def _decode_kernel(q_ptr, kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr, m_ptr,
         ks = tl.load(ks_ptr + s_off, mask=tm[:, None], other=0.0)
         kz = tl.load(kz_ptr + s_off, mask=tm[:, None], other=0.0)
         kf = kc.to(tl.float32) * ks.to(tl.float32) + kz.to(tl.float32)  # [BLOCK_T, D]
-        s = tl.sum(q[:, None, :] * kf[None, :, :], axis=2) * scaling  # [REP_P2, BLOCK_T]
+        if USE_DOT:
+            s = _dot(q.to(TILE_DTYPE), tl.trans(kf.to(TILE_DTYPE)), TILE_DTYPE) * scaling  # [REP_P2, BLOCK_T]
+        else:
+            s = tl.sum(q[:, None, :] * kf[None, :, :], axis=2) * scaling
         s = tl.where(tm[None, :], s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.where(m_new == -float("inf"), 1.0, tl.exp(m_i - m_new))  # a split may hold no token
@@ -187,7 +203,11 @@ def _decode_kernel(q_ptr, kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr, m_ptr,
         vs = tl.load(vs_ptr + v_off, mask=tm[:, None], other=0.0)
         vz = tl.load(vz_ptr + v_off, mask=tm[:, None], other=0.0)
         vf = vc.to(tl.float32) * vs.to(tl.float32) + vz.to(tl.float32)  # [BLOCK_T, D]
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vf[None, :, :], axis=1)
+        if USE_DOT:
+            pv = _dot(p.to(TILE_DTYPE), vf.to(TILE_DTYPE), TILE_DTYPE)
+        else:
+            pv = tl.sum(p[:, :, None] * vf[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + pv
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
     out = (pid * REP + r) * N_SPLITS + split
@@ -222,6 +242,10 @@ def decode_attention_in_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_
     # enough programs to fill the GPU at batch 1 (splits), few enough that merging them stays cheap
     n_splits = n_splits or max(1, min(128, triton.cdiv(t, 512), triton.cdiv(1024, b * hkv)))
     block_t = 32
+    # tl.dot needs every tile side >= 16: pad the query heads of a KV head to 16 rows (masked), small head dims
+    # fall back to broadcast sums
+    use_dot = d >= 16
+    rep_p2 = max(16, triton.next_power_of_2(rep)) if use_dot else triton.next_power_of_2(rep)
     # a power-of-two number of blocks per split: few distinct compilations as the context grows
     blocks = triton.next_power_of_2(triton.cdiv(triton.cdiv(max(t, 1), n_splits), block_t))
     per_split = blocks * block_t
@@ -241,7 +265,7 @@ def decode_attention_in_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_
             kc.stride(0), kc.stride(1), kc.stride(2), ks.stride(0), ks.stride(1),
             vc.stride(0), vc.stride(1), vc.stride(2), vs.stride(0), vs.stride(1),
             D=d, BITS_K=bits_k, BITS_V=bits_v, GK=group_k, GV=group_v, BLOCK_T=block_t, N_SPLITS=n_splits,
-            N_BLOCKS=blocks, REP=rep, REP_P2=triton.next_power_of_2(rep))
+            N_BLOCKS=blocks, REP=rep, REP_P2=rep_p2, USE_DOT=use_dot, TILE_DTYPE=_TILE_DTYPES[q.dtype])
     # the full-precision tail is one more split, done densely
     qf = q.float().reshape(b, hkv, rep, d)
     if k_tail.shape[2]:

@@ -64,6 +64,28 @@ def test_triton_decode_attention_matches_the_reference(bits_k, bits_v, n_splits,
 
 
 @needs_triton
+def test_triton_decode_tiles_on_tl_dot_in_16_bits_and_broadcast_below_16():
+    """head_dim >= 16: q.K^T and p.V through tl.dot, on tiles dequantized to the query's dtype (fp16 here,
+    against the fp32 reference); head_dim 8 is below tl.dot's smallest tile and takes the broadcast sums."""
+    out = _run_interpreted("""
+        import torch
+        from runtime.kernels.packed import packed_cache
+        from sensprof.runtime.kernels import reference, triton_kernels
+        args, kw, _ = packed_cache(bits_k=4, bits_v=4, hq=6, d=64, t=96)
+        exact = reference.decode_attention(**args, **kw)
+        half = dict(args, q=args["q"].half())
+        a = triton_kernels.decode_attention_in_splits(**half, **kw, n_splits=2)
+        rel = ((a - exact).norm() / exact.norm()).item()
+        assert rel < 5e-3, rel
+        small, kw8, _ = packed_cache(bits_k=3, bits_v=2, d=8, gv=8)
+        err = (triton_kernels.decode_attention(**small, **kw8) - reference.decode_attention(**small, **kw8)).abs().max()
+        assert err < 1e-5, err
+        print("ok", rel, err.item())
+    """)
+    assert out.startswith("ok")
+
+
+@needs_triton
 def test_triton_quantize_pack_on_append_is_bit_exact():
     """Head dims of 64 and 32 run the kernels; 96 and 80 (not a power of two) are handed to the reference."""
     out = _run_interpreted("""
