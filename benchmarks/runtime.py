@@ -4,8 +4,11 @@ For each context length: prefill that many corpus tokens into every cache, then 
 greedily, one step of each cache in turn (so a change in the machine's speed during the run hits every
 cache alike), and print decode tokens/s and the cache's bytes, for DynamicCache (bytes as stored),
 transformers' QuantizedCache (quanto and hqq backends, 4-bit) and PlannedCache (a uniform 4-bit plan and,
-with --plan, a plan of yours).
+with --plan, a plan of yours). The QuantizedCache backends come with the `bench` extra:
+    pip install -e '.[bench]'          # optimum-quanto and hqq
     python benchmarks/runtime.py [--contexts 1024,4096,8128] [--steps 16] [--plan plans/kivi4-memory.json]
+    python benchmarks/runtime.py --quick  # one context of 256 tokens, 4 steps: a check, not a measurement
+A cache that cannot run is reported on its row with the exception's type and message.
 """
 
 import argparse
@@ -14,25 +17,39 @@ import time
 import torch
 
 
+def _stored_bytes(x, seen: set) -> int:
+    """Bytes of the plain tensors under x: tensor subclasses are opened down to their storage (quanto's
+    WeightQBitsTensor -> PackedTensor -> uint8 data, whose own shape is the unpacked one), and tuples, lists and
+    dicts are walked (hqq keeps (packed data, meta) with the scales and zeros in the meta dict)."""
+    if isinstance(x, (list, tuple)):
+        return sum(_stored_bytes(y, seen) for y in x)
+    if isinstance(x, dict):
+        return sum(_stored_bytes(y, seen) for y in x.values())
+    if not isinstance(x, torch.Tensor) or id(x) in seen:
+        return 0
+    seen.add(id(x))
+    if type(x) is not torch.Tensor and hasattr(x, "__tensor_flatten__"):
+        inner, _ = x.__tensor_flatten__()
+        return sum(_stored_bytes(getattr(x, n), seen) for n in inner)
+    return x.numel() * x.element_size()
+
+
 def cache_bytes(cache) -> int:
+    """The bytes a cache holds: PlannedCache counts its own; transformers' caches are walked layer by layer
+    (the full-precision residual `keys`/`values` and the backend's `_quantized_keys`/`_quantized_values`)."""
     if hasattr(cache, "nbytes"):
         return cache.nbytes()
-    total = 0
-    for layer in cache.layers:
-        for name in dir(layer):
-            if name.startswith("_") and not name.startswith("_quantized"):
-                continue
-            try:
-                t = getattr(layer, name)
-            except Exception:
-                continue
-            for x in (t if isinstance(t, (list, tuple)) else [t]):
-                if hasattr(x, "__tensor_flatten__") and type(x) is not torch.Tensor:  # quanto's packed tensors
-                    inner, _ = x.__tensor_flatten__()
-                    total += sum(getattr(x, n).numel() * getattr(x, n).element_size() for n in inner)
-                elif isinstance(x, torch.Tensor):
-                    total += x.numel() * x.element_size()
-    return total
+    seen: set = set()
+    return sum(_stored_bytes(vars(layer), seen) for layer in cache.layers)
+
+
+def why(e: BaseException) -> str:
+    """One line: the exception's type and message (and, for a backend that is not installed, the fix)."""
+    text = " ".join(str(e).split()) or "(no message)"
+    if len(text) > 200:
+        text = text[:197] + "..."
+    hint = " [pip install -e '.[bench]']" if isinstance(e, ImportError) else ""
+    return f"{type(e).__name__}: {text}{hint}"
 
 
 def uniform_plan(model, k, v):
@@ -96,7 +113,12 @@ def main():
     ap.add_argument("--contexts", default="1024,4096,8128")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--plan", default=None, help="also measure this plan (for smollm2-135m)")
+    ap.add_argument("--quick", action="store_true",
+                    help="one context of 256 tokens and 4 decode steps (overrides --contexts and --steps): checks "
+                         "that every cache runs in about a minute, its speeds are not a measurement")
     args = ap.parse_args()
+    if args.quick:
+        args.contexts, args.steps = "256", 4
     loaded = load_model("smollm2-135m", device="cpu")
     model, kw = loaded.model, cache_kwarg(loaded.model)
     model.set_attn_implementation("sdpa")
@@ -122,8 +144,7 @@ def main():
         ids = load_windows(loaded.tokenizer, None, seq_len=n, windows=1, seed=0)[0]
         for name, result in run_interleaved(model, kw, caches, ids, args.steps).items():
             if isinstance(result, Exception):
-                print(f"{name:<44}{n:>8}  failed: {type(result).__name__}: {str(result).splitlines()[0][:80]}",
-                      flush=True)
+                print(f"{name:<44}{n:>8}  failed: {why(result)}", flush=True)
             else:
                 print(f"{name:<44}{n:>8}{result[0]:>10.2f}{result[1] / 2**20:>11.2f}", flush=True)
 
