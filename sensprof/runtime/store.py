@@ -7,6 +7,8 @@ profiler and the planner use), so the runtime holds what the profile measured an
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 
 from ..errors import SensprofError
@@ -34,7 +36,75 @@ def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
     return None
 
 
+ROOM_KEPT = 256  # tokens of room a buffer never gives back: a pending group drains and refills without churn
+
+
+class GrowingBuffer:
+    """A tensor that grows at the end and is consumed from the front along one dim, at amortised O(new items)
+    per append: capacity doubles when full (one copy), and a dead front is reclaimed in place or shrunk away
+    instead of growing, so what is allocated stays within twice what is held while it only grows (four times
+    after evictions, before it shrinks)."""
+
+    def __init__(self, dim: int, floor: int = 0):
+        self.dim = dim
+        self.floor = floor  # capacity (items) it never shrinks below
+        self.data: torch.Tensor | None = None
+        self.start = 0  # first live item
+        self.length = 0  # live items
+        self.reallocations = 0  # fresh allocations (each copies the live items once)
+
+    def capacity(self) -> int:
+        return 0 if self.data is None else self.data.shape[self.dim]
+
+    def view(self) -> torch.Tensor | None:
+        """The live items: a view of the buffer (valid until the next append or drop)."""
+        return None if self.data is None else self.data.narrow(self.dim, self.start, self.length)
+
+    def append(self, x: torch.Tensor) -> None:
+        n = x.shape[self.dim]
+        if n == 0 and self.data is not None:
+            return
+        if self.data is None or self.start + self.length + n > self.capacity():
+            self._make_room(x, n)
+        self.data.narrow(self.dim, self.start + self.length, n).copy_(x)
+        self.length += n
+
+    def drop_front(self, n: int) -> None:
+        self.start, self.length = self.start + n, self.length - n
+        if self.capacity() > self.floor and self.length * 4 <= self.capacity():
+            self._reallocate(2 * self.length)  # a long prefill's space, no longer needed
+
+    def nbytes(self) -> int:
+        return 0 if self.data is None else self.data.numel() * self.data.element_size()
+
+    def _make_room(self, x: torch.Tensor, n: int) -> None:
+        if self.data is None:
+            self.data = x.new_empty(x.shape[:self.dim] + (n,) + x.shape[self.dim + 1:])
+            self.reallocations += 1
+        elif self.length + n <= self.capacity() // 2:
+            self._compact()
+        else:
+            self._reallocate(2 * (self.length + n))
+
+    def _compact(self) -> None:
+        """Move the live items to the front; the caller ensures the dead front is at least as long as they are,
+        so source and destination do not overlap."""
+        live = self.view()
+        self.data.narrow(self.dim, 0, self.length).copy_(live)
+        self.start = 0
+
+    def _reallocate(self, capacity: int) -> None:
+        shape = self.data.shape[:self.dim] + (capacity,) + self.data.shape[self.dim + 1:]
+        data = self.data.new_empty(shape)
+        data.narrow(self.dim, 0, self.length).copy_(self.view())
+        self.data, self.start = data, 0
+        self.reallocations += 1
+
+
 class TensorStore:
+    """Sinks as appended; the body as packed codes, scales and zero-points in growing buffers (one merged chunk
+    the kernels read in place); pending tokens in a growing buffer too: an append costs O(new tokens)."""
+
     def __init__(self, scheme: QuantScheme, absmax: torch.Tensor | None = None, sliding: bool = False,
                  kernels: str = "auto"):
         self.scheme = scheme
@@ -45,38 +115,70 @@ class TensorStore:
         if scheme.scale_source == "calibrated" and absmax is None:
             raise SensprofError(f"scheme {scheme.name} needs calibrated scales; the plan carries none for this layer")
         self.sink: torch.Tensor | None = None
-        self.pending: torch.Tensor | None = None  # full precision, not yet due for quantization
-        self.chunks: list[Quantized] = []
-        self.chunk_tokens: list[int] = []
+        # full precision [B, H, T, D], not yet due for quantization (at most residual + group - 1 tokens once due)
+        self._pending = GrowingBuffer(2, ROOM_KEPT + 2 * (scheme.residual + (scheme.group or 0)))
+        # float8 codes [B, H, T, ...]; bit-planes [bits, B, H, T, D/8]
+        self._codes = GrowingBuffer(2 if scheme.codec == "fp8" else 3, ROOM_KEPT)
+        self._grows = scheme.granularity in ("token", "channel")  # per-group parameters grow along dim 2
+        per = ROOM_KEPT // scheme.group if scheme.granularity == "channel" else ROOM_KEPT  # a channel group: G tokens
+        self._scale, self._zero = GrowingBuffer(2, per), GrowingBuffer(2, per)
+        self._constant: tuple | None = None  # (scale, zero) of a per-tensor or per-head scheme
+        # tokens quantized per append: a sliding window evicts them whole; otherwise one merged count
+        self.chunk_tokens: deque[int] = deque()
         self.flushed = 0  # body tokens that left `pending`: quantized, or evicted by a sliding window first
         self.total = 0
         self.dropped = 0  # tokens evicted from the front (sliding windows)
         self.dtype = None
+
+    @property
+    def pending(self) -> torch.Tensor | None:
+        """The tokens not yet due, in the model dtype: [B, H, T, D] (a view, valid until the next append)."""
+        return self._pending.view()
 
     # ------------------------------------------------------------------ writing
     def append(self, x: torch.Tensor) -> None:
         self.dtype = x.dtype
         if self.sink is None:
             self.sink = x[..., :0, :]
-            self.pending = x[..., :0, :]
+            self._pending.append(x[..., :0, :])
         s = self.scheme
         # the first S tokens ever seen are the sinks (even after a sliding window evicted them)
         take = max(0, min(s.sink - self.total, x.shape[-2])) if not s.is_identity else 0
         if take:
             self.sink = torch.cat([self.sink, x[..., :take, :]], dim=-2)
-        self.pending = torch.cat([self.pending, x[..., take:, :]], dim=-2)
+        rest = x[..., take:, :]
         self.total += x.shape[-2]
-        due = min(quantized_token_count(s, self.total) - self.flushed, self.pending.shape[-2])
+        held = self._pending.length
+        due = min(quantized_token_count(s, self.total) - self.flushed, held + rest.shape[-2])
         if due > 0:
-            self._quantize(self.pending[..., :due, :])
-            self.pending = self.pending[..., due:, :]
+            self._quantize(self._first_due(rest, due))
+            self._pending.drop_front(min(due, held))
+        self._pending.append(rest[..., max(due - held, 0):, :])
+
+    def _first_due(self, rest: torch.Tensor, due: int) -> torch.Tensor:
+        """The first `due` tokens of pending then `rest`: tokens due now never pass through the buffer."""
+        held = self._pending.length
+        if due <= held:
+            return self.pending[..., :due, :]
+        if not held:
+            return rest[..., :due, :]
+        return torch.cat([self.pending, rest[..., :due - held, :]], dim=-2)
 
     def _quantize(self, y: torch.Tensor) -> None:
-        self.chunks.append(self._quantize_pack(y))
-        self.chunk_tokens.append(y.shape[-2])
-        self.flushed += y.shape[-2]
-        if len(self.chunks) > 1 and not self.sliding:
-            self._merge()
+        """Packed onto the end of the body: reading then unpacks one tensor, not one per decode step."""
+        q, n = self._quantize_pack(y), y.shape[-2]
+        self._codes.append(q.codes)
+        if self._grows:
+            self._scale.append(q.scale)
+            if q.zero is not None:
+                self._zero.append(q.zero)
+        elif self._constant is None:  # one constant scale per layer or per head
+            self._constant = (q.scale, q.zero)
+        if self.sliding or not self.chunk_tokens:
+            self.chunk_tokens.append(n)
+        else:
+            self.chunk_tokens[0] += n
+        self.flushed += n
 
     def _quantize_pack(self, y: torch.Tensor) -> Quantized:
         """Codes as the profiler computes them, stored packed in the kernels' layout:
@@ -129,21 +231,6 @@ class TensorStore:
             self.kernels = select(self.preference, device)
         return self.kernels
 
-    def _merge(self) -> None:
-        """One packed chunk instead of one per decode step: reading then unpacks one tensor, not thousands.
-        (Sliding windows keep chunks apart so the oldest can be evicted whole.)"""
-        s = self.scheme
-        code_dim = 2 if s.codec == "fp8" else 3  # float8 [B, H, T, ...]; bit-planes [bits, B, H, T, D/8]
-        grows = s.granularity in ("token", "channel")  # per-group parameters grow with tokens, along dim 2
-        codes = torch.cat([q.codes for q in self.chunks], dim=code_dim)
-        if not grows:  # one constant scale per layer or per head
-            scale, zero = self.chunks[0].scale, self.chunks[0].zero
-        else:
-            scale = torch.cat([q.scale for q in self.chunks], dim=2)
-            zero = None if self.chunks[0].zero is None else torch.cat([q.zero for q in self.chunks], dim=2)
-        self.chunks = [Quantized(codes, scale, zero)]
-        self.chunk_tokens = [sum(self.chunk_tokens)]
-
     # ------------------------------------------------------------------ reading
     def _dequant(self, q: Quantized, lo: int, hi: int) -> torch.Tensor:
         """Tokens [lo, hi) of a packed chunk, dequantized in float32: [B, H, hi - lo, D].
@@ -191,14 +278,38 @@ class TensorStore:
 
     def _parts(self):
         yield self.sink, self.sink.shape[-2]
-        yield from zip(self.chunks, self.chunk_tokens)
-        yield self.pending, self.pending.shape[-2]
+        if self._codes.length:
+            yield self._body(), self._codes.length
+        yield self.pending, self._pending.length
+
+    def _body(self) -> Quantized:
+        """The packed tokens held, as views of the buffers (valid until the next append or eviction)."""
+        if not self._grows:
+            return Quantized(self._codes.view(), *self._constant)
+        return Quantized(self._codes.view(), self._scale.view(), self._zero.view() if self._zero.length else None)
+
+    @property
+    def chunks(self) -> list[Quantized]:
+        """The packed tokens per quantizing append (one merged chunk unless sliding), as views."""
+        if not self.chunk_tokens:
+            return []
+        body, out, at = self._body(), [], 0
+        per = self.scheme.group if self.scheme.granularity == "channel" else 1
+        for n in self.chunk_tokens:
+            codes = body.codes.narrow(self._codes.dim, at, n)
+            if self._grows:
+                scale, zero = (None if t is None else t.narrow(2, at // per, n // per) for t in (body.scale, body.zero))
+            else:
+                scale, zero = body.scale, body.zero
+            out.append(Quantized(codes, scale, zero))
+            at += n
+        return out
 
     def packed_body(self):
         """(first held position, tokens, packed chunk) of the one merged chunk, or None."""
-        if len(self.chunks) != 1:
+        if len(self.chunk_tokens) != 1:
             return None
-        return self.sink.shape[-2], self.chunk_tokens[0], self.chunks[0]
+        return self.sink.shape[-2], self.chunk_tokens[0], self._body()
 
     def seq_length(self) -> int:
         return self.total - self.dropped
@@ -212,29 +323,52 @@ class TensorStore:
             return
         n = min(excess, self.sink.shape[-2])
         self.sink, excess, self.dropped = self.sink[..., n:, :], excess - n, self.dropped + n
-        while self.chunks and self.chunk_tokens[0] <= excess:
-            n = self.chunk_tokens.pop(0)
-            self.chunks.pop(0)
+        while self.chunk_tokens and self.chunk_tokens[0] <= excess:
+            n = self.chunk_tokens.popleft()
+            self._drop_body(n)
             excess, self.dropped = excess - n, self.dropped + n
-        if not self.chunks and excess > 0 and self.scheme.granularity != "channel":
+        if not self.chunk_tokens and excess > 0 and self.scheme.granularity != "channel":
             # a per-channel group must see all of its G tokens (as the profiler's statistics did) before
             # they may go; per-token statistics need no neighbours
-            n = min(excess, self.pending.shape[-2])
-            self.pending, self.dropped, self.flushed = self.pending[..., n:, :], self.dropped + n, self.flushed + n
+            n = min(excess, self._pending.length)
+            self._pending.drop_front(n)
+            self.dropped, self.flushed = self.dropped + n, self.flushed + n
+
+    def _drop_body(self, n: int) -> None:
+        self._codes.drop_front(n)
+        if self._grows:
+            per = n // self.scheme.group if self.scheme.granularity == "channel" else n
+            self._scale.drop_front(per)
+            if self._zero.data is not None:
+                self._zero.drop_front(per)
 
     # ------------------------------------------------------------------ accounting
     def nbytes(self) -> int:
         """Bytes of every stored tensor: sinks, pending tokens, packed codes, scales, zero-points."""
-        total = 0
-        for t in (self.sink, self.pending):
-            if t is not None:
-                total += t.numel() * t.element_size()
-        for q in self.chunks:
-            for t in (q.codes, q.zero) + ((q.scale,) if self.scheme.granularity in ("token", "channel") else ()):
-                if t is not None:
-                    total += t.numel() * t.element_size()
-        if self.chunks and self.scheme.granularity == "tensor" and self.scheme.scale_source != "unit":
-            total += CONSTANT_SCALE_BITS // 8
-        elif self.chunks and self.scheme.granularity == "head":
-            total += CONSTANT_SCALE_BITS // 8 * self.chunks[0].scale.numel()
-        return total
+        held = (self.sink, self.pending, self._codes.view(), self._zero.view())
+        held += (self._scale.view(),) if self._grows else ()
+        return sum(_bytes(t) for t in held) + self._constant_nbytes()
+
+    def capacity_nbytes(self) -> int:
+        """Bytes allocated: nbytes plus the free room of the growing buffers (at most about as much again)."""
+        buffers = (self._pending, self._codes, self._zero) + ((self._scale,) if self._grows else ())
+        return _bytes(self.sink) + sum(b.nbytes() for b in buffers) + self._constant_nbytes()
+
+    def reallocations(self) -> int:
+        """Fresh allocations of the growing buffers so far (each copied what they held once)."""
+        return sum(b.reallocations for b in (self._pending, self._codes, self._scale, self._zero))
+
+    def _constant_nbytes(self) -> int:
+        """A per-tensor or per-head scale, priced as the plan prices it, while any packed token is held."""
+        s = self.scheme
+        if not self._codes.length:
+            return 0
+        if s.granularity == "tensor" and s.scale_source != "unit":
+            return CONSTANT_SCALE_BITS // 8
+        if s.granularity == "head":
+            return CONSTANT_SCALE_BITS // 8 * self._constant[0].numel()
+        return 0
+
+
+def _bytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
