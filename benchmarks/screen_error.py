@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 def main():
     from sensprof.budget import budget_from_args
     from sensprof.plan import make_plan
-    from sensprof.table import load_profile
+    from sensprof.table import load_profile, summed_damage
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("exact")
@@ -28,7 +28,6 @@ def main():
     t = exact.table.merge(screened.table, on=keys, suffixes=("", "_s"))
     if len(t) != len(exact.table) or len(t) != len(screened.table):
         sys.exit("the two profiles do not hold the same cells; profile the same layers and menus")
-    kl = {(int(r.layer), r.tensor, r.scheme): float(r.kl) for r in t.itertuples()}
     pred = t[~t.measured_s]
     rel = ((pred.kl_s - pred.kl).abs() / pred.kl.clip(lower=1e-12)).sort_values().to_numpy()
     measured = t[t.measured_s]
@@ -39,8 +38,7 @@ def main():
     print(f"{'avg bits':>8}{'exact plan':>12}{'screened plan':>15}{'regret':>8}{'choices differ':>16}")
     for bits in [float(b) for b in args.avg_bits.split(",")]:
         plans = [make_plan(p, "sensprof", budget_from_args(avg_bits=bits)) for p in (args.exact, args.screened)]
-        sums = [sum(kl.get((p.layer, "K", p.k_scheme), 0.0) + kl.get((p.layer, "V", p.v_scheme), 0.0)
-                    for p in plan.layers) for plan in plans]
+        sums = [summed_damage(exact.table, [(p.k_scheme, p.v_scheme) for p in plan.layers]) for plan in plans]
         differ = sum(a != b for p, q in zip(*(pl.layers for pl in plans))
                      for a, b in ((p.k_scheme, q.k_scheme), (p.v_scheme, q.v_scheme)))
         print(f"{bits:>8g}{sums[0]:>12.4e}{sums[1]:>15.4e}{100 * (sums[1] / sums[0] - 1):>7.1f}%{differ:>16}")

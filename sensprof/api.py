@@ -38,7 +38,7 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
     """
     from .data import parse_seq_lens
     from .models import describe_layers, load_model, max_positions
-    from .profile import parse_kl, run_profile
+    from .profile import check_modes, run_profile
     from .specs import parse_layers
     from .table import length_dir
     from .targets import profile_menu
@@ -46,11 +46,7 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
     schemes, k_schemes, v_schemes = (",".join(x) if isinstance(x, (list, tuple)) else x
                                      for x in (schemes, k_schemes, v_schemes))
     profile_menu(schemes, target, vllm_gpu, None, k_schemes, v_schemes)  # a bad menu fails before loading
-    parse_kl(kl)
-    if naive and kl != "exact":
-        raise SensprofError("--naive compares full logits; drop --kl")
-    if screen and (naive or kl == "materialized"):
-        raise SensprofError("--screen predicts cells from the replay's local metrics; drop --naive or --kl materialized")
+    check_modes(kl, screen, replay=not naive, naive=naive)
     lengths = parse_seq_lens(seq_len)
     for flag, value in (("--windows", windows), ("--variants-per-pass", variants_per_pass)):
         if value < 1:

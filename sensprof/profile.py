@@ -54,6 +54,17 @@ def parse_kl(kl: str) -> int:
     raise SensprofError(f"--kl {kl!r} is not exact, materialized or sampled[:K] (e.g. sampled:256)")
 
 
+def check_modes(kl: str, screen: bool, replay: bool = True, naive: bool = False) -> int:
+    """Refuse option combinations that cannot run (before any model loads); tokens sampled per position (0:
+    exact). `naive`: the CLI's --naive, which picks the KL itself."""
+    sample = parse_kl(kl)
+    if naive and kl != "exact":
+        raise SensprofError("--naive compares full logits; drop --kl")
+    if screen and (not replay or kl == "materialized"):
+        raise SensprofError("--screen predicts cells from the replay's local metrics; drop --naive or --kl materialized")
+    return sample
+
+
 def _input_device(model):
     return model.get_input_embeddings().weight.device
 
@@ -253,9 +264,7 @@ def run_profile(model, input_ids: torch.Tensor, schemes: Menu | list[QuantScheme
     if variants_per_pass < 1:
         raise SensprofError("--variants-per-pass must be at least 1")
     menu = schemes if isinstance(schemes, Menu) else Menu(tuple(schemes), tuple(schemes))
-    sample = parse_kl(kl)
-    if screen and (not replay or kl == "materialized"):
-        raise SensprofError("--screen predicts cells from the replay's local metrics; drop --naive or --kl materialized")
+    sample = check_modes(kl, screen, replay)
     input_ids = input_ids.to(_input_device(model))
     settings = profile_settings(model, input_ids, menu, text_digest=text_digest, seed=seed,
                                 variants_per_pass=variants_per_pass, kl=kl, screen=screen)

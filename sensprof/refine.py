@@ -18,16 +18,13 @@ from .errors import SensprofError
 from .artifacts import Plan
 from .plan import build_plan
 from .schemes import get_scheme
+from .screen import pareto_front
 
 
 def _neighbours(problem, budget, layer: dict, i: int, tensor: str, chosen: str, options: list[str]) -> list[str]:
     """The schemes next to `chosen` on this cell's (cost, damage) lower envelope: one cheaper, one dearer."""
     cost = {s: budget.cost(get_scheme(s), layer) for s in options}
-    env, best = [], float("inf")
-    for s in sorted(options, key=lambda s: (cost[s], problem.cell(i, tensor, s))):
-        if problem.cell(i, tensor, s) < best:
-            env.append(s)
-            best = problem.cell(i, tensor, s)
+    env = pareto_front(options, cost, {s: problem.cell(i, tensor, s) for s in options})
     cheaper = [s for s in env if cost[s] < cost[chosen] and s != chosen]
     dearer = [s for s in env if cost[s] > cost[chosen] and s != chosen]
     return ([cheaper[-1]] if cheaper else []) + ([dearer[0]] if dearer else [])

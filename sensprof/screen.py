@@ -48,16 +48,21 @@ def predict(local: dict[str, float], kl: dict[str, float]) -> dict[str, float]:
                                       else 0.0) for s in local}
 
 
-def lower_hull(bits: dict[str, float], damage: dict[str, float]) -> list[str]:
-    """The schemes on the lower convex hull of (bits, damage), cheapest first: the only ones a Lagrangian
-    trade of memory for damage ever picks."""
+def pareto_front(names, cost: dict[str, float], damage: dict[str, float]) -> list[str]:
+    """The schemes no cheaper-or-equal one beats on damage, cheapest first (ties kept in `names`' order)."""
     front, best = [], math.inf
-    for s in sorted(bits, key=lambda s: (bits[s], damage[s], s)):  # the Pareto front first
+    for s in sorted(names, key=lambda s: (cost[s], damage[s])):
         if damage[s] < best:
             front.append(s)
             best = damage[s]
+    return front
+
+
+def lower_hull(bits: dict[str, float], damage: dict[str, float]) -> list[str]:
+    """The schemes on the lower convex hull of (bits, damage), cheapest first: the only ones a Lagrangian
+    trade of memory for damage ever picks."""
     hull: list[str] = []
-    for s in front:
+    for s in pareto_front(sorted(bits), bits, damage):
         while len(hull) >= 2:
             a, b = hull[-2], hull[-1]
             if (damage[b] - damage[a]) * (bits[s] - bits[a]) >= (damage[s] - damage[a]) * (bits[b] - bits[a]):
