@@ -14,7 +14,7 @@ import torch
 from .constants import FP8_MAX
 from .schemes import QuantScheme
 
-_FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
 @dataclass
@@ -67,7 +67,7 @@ def quantize_groups(xg: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor 
             y = xg * _safe_inverse(scale)
         else:
             y = torch.where(scale > 0, xg / torch.where(scale > 0, scale, 1.0), 0.0)
-        y = y.clamp(-fmax, fmax).to(_FP8_DTYPES[scheme.format])
+        y = y.clamp(-fmax, fmax).to(FP8_DTYPES[scheme.format])
         return Quantized(y, scale, None)
     if scheme.codec == "absmax":
         qmax = 2 ** (b - 1) - 1

@@ -3,8 +3,8 @@
 `use_planned_attention(model)` switches the model to an attention function named
 "sensprof_planned_<previous>". For a decode step (one new token) on a PlannedCache layer, the cache's
 `update` returns `PackedKV` handles instead of dequantized tensors, and this function runs the packed
-decode kernel (Triton on a GPU, the PyTorch reference elsewhere). Anything else (prefill, other caches,
-masks that hide tokens, schemes the kernel does not read) goes to the previous implementation
+decode kernel (Triton on a GPU, the compiled C kernels on a CPU, else the PyTorch reference). Anything else (prefill, other caches,
+masks it cannot read) goes to the previous implementation
 unchanged, so switching is harmless for every other use of the model.
 """
 
@@ -99,12 +99,3 @@ def reads_through_interface(model) -> bool:
     except (AttributeError, OSError, TypeError):
         return False
     return all("ALL_ATTENTION_FUNCTIONS" in src for src in sources.values())
-
-
-def masks_nothing(attention_mask) -> bool:
-    """True when a decode step's mask hides no cached token (the kernel reads every token)."""
-    if attention_mask is None:
-        return True
-    if attention_mask.dtype == torch.bool:
-        return bool(attention_mask.all())
-    return bool((attention_mask == 0).all())

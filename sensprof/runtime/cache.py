@@ -14,11 +14,10 @@ from ..errors import SensprofError
 from ..schemes import get_scheme
 from .attention import (
     PackedKV,
-    masks_nothing,
     reads_through_interface,
     use_planned_attention,
 )
-from .kernels import KernelBackend, select
+from .kernels import KernelBackend, PackedRead, select
 from .store import TensorStore, runtime_problem
 
 
@@ -51,7 +50,10 @@ class PlannedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         self.k_store.append(key_states)
         self.v_store.append(value_states)
-        if self.packed and key_states.shape[-2] == 1 and not self.is_sliding:
+        if self.packed and key_states.shape[-2] == 1:
+            if self.is_sliding:  # the step reads the window (this token and window - 1 before it)
+                self.k_store.drop_front(self.sliding_window)
+                self.v_store.drop_front(self.sliding_window)
             return PackedKV(self, "k"), PackedKV(self, "v")
         keys, values = self.dense_kv()
         if self.is_sliding:
@@ -69,30 +71,24 @@ class PlannedLayer(DynamicLayer):
         does not apply (the caller then reads the dense cache)."""
         if query.shape[2] != 1 or kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
             return None
-        if not (_kernel_reads(self.k_store.scheme, "channel") and _kernel_reads(self.v_store.scheme, "token")):
-            return None
-        k_body, v_body = self.k_store.packed_body(), self.v_store.packed_body()
-        if k_body is None or v_body is None or not masks_nothing(attention_mask):
-            return None
-        (k0, nk, qk), (v0, nv, qv) = k_body, v_body
-        gk = self.k_store.scheme.group
-        # the kernel reads the positions both K and V hold packed, starting and ending on whole key groups
-        a = k0 + -(-(max(k0, v0) - k0) // gk) * gk
-        b = a + (min(k0 + nk, v0 + nv) - a) // gk * gk
-        if b <= a:
-            return None
         d = query.shape[-1]
         if self.kernels.NEEDS_POWER_OF_TWO_HEAD_DIM and d & (d - 1):
             return None  # Triton tiles span the head dim (tl.arange): 64 and 128 are fine, 80 or 96 are not
-        t = self.k_store.seq_length()
-        k_tail = torch.cat([self.k_store.dense_range(0, a), self.k_store.dense_range(b, t)], dim=-2)
-        v_tail = torch.cat([self.v_store.dense_range(0, a), self.v_store.dense_range(b, t)], dim=-2)
-        ka, kb, va, vb = (a - k0) // gk, (b - k0) // gk, a - v0, b - v0
-        out = self.kernels.decode_attention(
-            query[:, :, 0], qk.codes[:, :, :, ka * gk:kb * gk], qk.scale[:, :, ka:kb], qk.zero[:, :, ka:kb],
-            qv.codes[:, :, :, va:vb], qv.scale[:, :, va:vb], qv.zero[:, :, va:vb], k_tail, v_tail,
-            bits_k=self.k_store.scheme.bits, bits_v=self.v_store.scheme.bits, group_k=gk,
-            group_v=d // qv.scale.shape[-1], scaling=scaling)
+        # positions are absolute here: a sliding window's K and V stores may hold different spans (whole chunks go)
+        ks, vs = self.k_store, self.v_store
+        lo, t = max(ks.dropped, vs.dropped), ks.total  # both hold [lo, t)
+        ok, valid = read_mask(attention_mask, t - lo, self.sliding_window)
+        if not ok:
+            return None
+        a, b, k_body, v_body = _packed_overlap(ks, vs, lo)
+        k_tail = torch.cat([ks.dense_range(lo - ks.dropped, a - ks.dropped), ks.dense_range(b - ks.dropped, t - ks.dropped)],
+                           dim=-2)
+        v_tail = torch.cat([vs.dense_range(lo - vs.dropped, a - vs.dropped), vs.dense_range(b - vs.dropped, t - vs.dropped)],
+                           dim=-2)
+        a, b = a - lo, b - lo
+        mask = None if valid is None else torch.cat([valid[:, a:b], valid[:, :a], valid[:, b:]], dim=-1)
+        out = self.kernels.decode_attention(query[:, :, 0], k_body, v_body, k_tail, v_tail, scaling=scaling,
+                                            mask=mask)
         self.packed_steps += 1
         return out.to(query.dtype).unsqueeze(1)
 
@@ -120,10 +116,54 @@ class PlannedLayer(DynamicLayer):
         return self.k_store.nbytes() + self.v_store.nbytes()
 
 
-def _kernel_reads(scheme, granularity: str) -> bool:
-    """The decode kernel reads asymmetric integer codes with fp16 scales: per channel for K, per token for V."""
-    return (scheme.codec == "minmax" and scheme.granularity == granularity and scheme.scale_bits == 16
-            and scheme.zero_bits == 16)
+def _packed_overlap(k_store, v_store, lo: int):
+    """(a, b, K read, V read): the absolute positions [a, b) >= lo that K and V both hold packed, starting on
+    whole groups of both reads and ending on a whole key group (the fast kernels' whole-group layouts stay whole);
+    empty reads at a = b = lo when there are none."""
+    k_read, v_read = k_store.packed_read(), v_store.packed_read()
+    if k_read is not None and v_read is not None:
+        (k0, nk, kr), (v0, nv, vr) = k_read, v_read
+        k0, v0 = k0 + k_store.dropped, v0 + v_store.dropped
+        gk, gv = kr.token_group, vr.token_group
+        a, end = max(k0, v0, lo), min(k0 + nk, v0 + nv)
+        while a < end and ((a - k0) % gk or (a - v0) % gv):
+            a += 1
+        b = a + (end - a) // gk * gk
+        if b > a:
+            return a, b, kr.narrow(a - k0, b - k0), vr.narrow(a - v0, b - v0)
+    return lo, lo, _no_tokens(k_store), _no_tokens(v_store)
+
+
+def _no_tokens(store) -> PackedRead:
+    """An empty read (every token is in the tail), in the layout of a 1-bit minmax code."""
+    b, h, _, d = store.pending.shape
+    dev = store.pending.device
+    empty = torch.zeros(b, h, 0, d, dtype=torch.float16, device=dev)
+    return PackedRead(codes=torch.zeros(1, b, h, 0, d // 8 or 1, dtype=torch.uint8, device=dev), scale=empty,
+                      zero=empty, lut=torch.arange(2, dtype=torch.float32, device=dev), bits=1, token_group=1,
+                      channel_group=1, offset=0.0)
+
+
+def read_mask(attention_mask, held: int, window: int | None):
+    """(usable, which held tokens a decode step reads: bool [B, held], or None for all). The mask covers the last
+    tokens held (all of them, or a sliding window's); tokens before it, and before the window, are not read."""
+    valid = None
+    if attention_mask is not None:
+        if attention_mask.dim() != 4:
+            return False, None
+        m = attention_mask[:, 0, -1, :]
+        m = m if m.dtype == torch.bool else m == 0
+        n = m.shape[-1]
+        if n >= held:
+            valid = m[:, n - held:]
+        else:
+            valid = torch.cat([torch.zeros(m.shape[0], held - n, dtype=torch.bool, device=m.device), m], dim=-1)
+    if window is not None and held > window:
+        recent = (torch.arange(held, device=None if valid is None else valid.device) >= held - window)[None]
+        valid = recent if valid is None else valid & recent
+    if valid is None or bool(valid.all()):
+        return True, None
+    return True, valid
 
 
 def _absmax(values):

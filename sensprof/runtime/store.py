@@ -14,6 +14,7 @@ import torch
 from ..errors import SensprofError
 from ..memory import CONSTANT_SCALE_BITS, quantized_token_count
 from ..quant import (
+    FP8_DTYPES,
     Quantized,
     dequantize_groups,
     group_last,
@@ -21,7 +22,7 @@ from ..quant import (
     ungroup_last,
 )
 from ..schemes import QuantScheme
-from .kernels import KernelBackend, select
+from .kernels import KernelBackend, PackedRead, select
 
 
 def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
@@ -222,7 +223,7 @@ class TensorStore:
             if s.codec == "fp8":
                 return Quantized(q.codes, scale, None)
             codes = q.codes
-        codes = codes + (2 ** (s.bits - 1) - 1 if s.codec == "absmax" else 0)
+        codes = codes + (_CODE_OFFSETS["absmax"](s.bits) if s.codec == "absmax" else 0)
         return Quantized(self._kernels(y.device).pack_bitplanes(codes, s.bits), scale.contiguous(),
                          None if zero is None else zero.contiguous())
 
@@ -247,7 +248,7 @@ class TensorStore:
             codes = q.codes[:, :, :, g0 * g:g1 * g]
         else:
             codes = q.codes[:, :, :, lo:hi]
-        offset = {"absmax": 2 ** (s.bits - 1) - 1, "signed_max": 2 ** (s.bits - 1)}.get(s.codec, 0)
+        offset = _CODE_OFFSETS.get(s.codec, lambda b: 0)(s.bits)
         ops = self._kernels(codes.device)
         if s.granularity == "token":
             zero = None if q.zero is None else q.zero[:, :, lo:hi]
@@ -305,11 +306,32 @@ class TensorStore:
             at += n
         return out
 
-    def packed_body(self):
-        """(first held position, tokens, packed chunk) of the one merged chunk, or None."""
-        if len(self.chunk_tokens) != 1:
+    def packed_read(self):
+        """(first held position, tokens, PackedRead) of the packed tokens held, read in place by the decode
+        kernels, or None when none are packed."""
+        n = self._codes.length
+        if not n:
             return None
-        return self.sink.shape[-2], self.chunk_tokens[0], self._body()
+        body, s = self._body(), self.scheme
+        b, h = self.sink.shape[:2]
+        d = self.sink.shape[-1]
+        lut, offset = _code_table(s, body.codes.device)
+        if s.codec == "fp8":
+            codes = body.codes.reshape(b, h, n, d).view(torch.uint8)
+            packing = "bytes"
+        else:
+            codes, packing = body.codes, "planes"
+        if s.granularity == "channel":
+            scale, zero, tg, cg = body.scale, body.zero, s.group, 1
+        elif s.granularity == "token":
+            scale, zero = body.scale.reshape(b, h, n, -1), body.zero
+            tg, cg = 1, d // scale.shape[-1]
+        else:  # one scale per tensor or per head: a constant, seen through a stride-0 view
+            scale = body.scale.reshape(1, -1, 1, 1).float().expand(b, h, n, 1)
+            zero, tg, cg = None, 1, d
+        read = PackedRead(codes=codes, scale=scale, zero=zero, lut=lut, bits=s.bits, token_group=tg,
+                          channel_group=cg, offset=offset, packing=packing)
+        return self.sink.shape[-2], n, read
 
     def seq_length(self) -> int:
         return self.total - self.dropped
@@ -368,6 +390,28 @@ class TensorStore:
         if s.granularity == "head":
             return CONSTANT_SCALE_BITS // 8 * self._constant[0].numel()
         return 0
+
+
+_TABLES: dict = {}
+
+
+def _code_table(scheme: QuantScheme, device) -> tuple[torch.Tensor, float | None]:
+    """code -> value before scaling (float32 [2^bits]) as the store keeps codes, and the affine offset where
+    there is one: minmax codes as they are; absmax codes stored shifted by 2^(b-1) - 1; llama.cpp's signed-max
+    codes centred on 2^(b-1); fp8 codes are their bit patterns."""
+    key = (scheme.codec, scheme.format, scheme.bits, str(device))
+    if key not in _TABLES:
+        if scheme.codec == "fp8":
+            patterns = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+            table = patterns.view(FP8_DTYPES[scheme.format]).float().to(device)
+            _TABLES[key] = (table, None)
+        else:
+            offset = float(_CODE_OFFSETS.get(scheme.codec, lambda b: 0)(scheme.bits))
+            _TABLES[key] = (torch.arange(2 ** scheme.bits, dtype=torch.float32, device=device) - offset, offset)
+    return _TABLES[key]
+
+
+_CODE_OFFSETS = {"absmax": lambda b: 2 ** (b - 1) - 1, "signed_max": lambda b: 2 ** (b - 1)}
 
 
 def _bytes(t: torch.Tensor | None) -> int:

@@ -55,7 +55,7 @@ def _feed(store: TensorStore, x: torch.Tensor, sizes) -> TensorStore:
 
 
 def _packed(store: TensorStore):
-    first, n, q = store.packed_body()
+    first, n, q = store.packed_read()
     return first, n, q.codes, q.scale, q.zero
 
 

@@ -16,9 +16,75 @@ A Protocol costs nothing at run time, and nothing here needs autograd or torch.c
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 import torch
+
+
+@dataclass(frozen=True)
+class PackedRead:
+    """One of a layer's K or V as a kernel reads it in place, whatever the scheme:
+    value[b, h, t, d] = lut[code[b, h, t, d]] * scale[b, h, t // token_group, d // channel_group] + zero[same].
+
+    One description for every codec (minmax, absmax and signed-max integers are a shifted identity table, fp8 is the
+    table of its 256 bit patterns, codebook formats are their codebook) and every granularity (per token, per
+    channel, per head or per tensor are only different groups; a constant scale is an expanded view, stride 0), so
+    a backend needs one decode kernel, not one per layout.
+    codes: "planes" uint8 bit-planes [bits, B, H, T, D // 8] (plane k holds bit k of eight codes a byte), or
+      "bytes" uint8 [B, H, T, D] (one 8-bit code a byte: fp8 bit patterns).
+    scale / zero (zero may be None): float16 or float32, indexable as [B, H, ceil(T / token_group),
+      D // channel_group] (any strides).
+    lut: float32 [2 ** bits]; offset: not None when lut[c] = c - offset (the integer codecs), so a kernel may
+      compute the value instead of looking it up.
+    rope: keys stored before RoPE: (cos, sin) [B, T, R / 2] of each token's position, applied to the dequantized
+      tile (rotate-half over the first R channels) before q.k; None for everything else.
+    """
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None
+    lut: torch.Tensor
+    bits: int
+    token_group: int
+    channel_group: int
+    offset: float | None = None
+    packing: str = "planes"
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.codes.shape[3 if self.packing == "planes" else 2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.codes.shape[-1] * (8 if self.packing == "planes" else 1)
+
+    def narrow(self, lo: int, hi: int) -> "PackedRead":
+        """Tokens [lo, hi) as views (lo a multiple of token_group)."""
+        if lo % self.token_group:
+            raise ValueError(f"a read must start on a token group ({self.token_group}), not at {lo}")
+        codes = self.codes[..., lo:hi, :] if self.packing == "bytes" else self.codes[:, :, :, lo:hi]
+        g0, g1 = lo // self.token_group, -(-hi // self.token_group)
+        part = (lambda x: None if x is None else x[:, :, g0:g1])
+        rope = None if self.rope is None else tuple(x[:, lo:hi] for x in self.rope)
+        return replace(self, codes=codes, scale=part(self.scale), zero=part(self.zero), rope=rope)
+
+
+def _fp16_minmax(r: PackedRead) -> bool:
+    return (r.packing == "planes" and r.offset == 0 and r.rope is None and r.zero is not None
+            and r.scale.dtype == torch.float16 and r.zero.dtype == torch.float16)
+
+
+def kivi_keys(r: PackedRead) -> bool:
+    """Min-max codes per channel over whole groups of tokens with fp16 scale and zero: the layout the first fast
+    kernels were written for (KIVI keys)."""
+    return _fp16_minmax(r) and r.channel_group == 1 and r.tokens % r.token_group == 0
+
+
+def kivi_values(r: PackedRead) -> bool:
+    """Min-max codes per token over groups of channels with fp16 scale and zero (KIVI values)."""
+    return _fp16_minmax(r) and r.token_group == 1
 
 
 @runtime_checkable
@@ -56,10 +122,10 @@ class KernelBackend(Protocol):
                             group: int, offset: float = 0.0) -> torch.Tensor:
         """The same with per-channel parameters [B, H, T // group, D] (T a multiple of `group`)."""
 
-    def decode_attention(self, q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_zero: torch.Tensor,
-                         v_codes: torch.Tensor, v_scale: torch.Tensor, v_zero: torch.Tensor, k_tail: torch.Tensor,
-                         v_tail: torch.Tensor, *, bits_k: int, bits_v: int, group_k: int, group_v: int,
-                         scaling: float) -> torch.Tensor:
-        """One query per sequence q [B, Hq, D] over packed keys (per channel, groups of `group_k` tokens) and
-        values (per token, groups of `group_v` channels) plus a full-precision tail [B, Hkv, Tt, D] -> [B, Hq, D]
-        fp32: a decode step reads the cache without a dequantized copy. The codes may be strided token slices."""
+    def decode_attention(self, q: torch.Tensor, k: PackedRead, v: PackedRead, k_tail: torch.Tensor,
+                         v_tail: torch.Tensor, *, scaling: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One query per sequence q [B, Hq, D] over packed keys and values (any layout PackedRead describes; K and
+        V hold the same T tokens) plus a full-precision tail [B, Hkv, Tt, D] -> [B, Hq, D] fp32: a decode step reads
+        the cache without a dequantized copy. mask: bool [B, T + Tt] (the packed tokens, then the tail), False =
+        not read (left padding, tokens a sliding window has passed); None = read every token. The codes may be
+        strided token slices."""

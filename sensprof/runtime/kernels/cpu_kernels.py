@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from . import reference
+from .contract import PackedRead, kivi_keys, kivi_values
 from .reference import pack_bitplanes  # noqa: F401  (the store packs the other codecs; no faster in C)
 
 NAME = "cpu"
@@ -247,27 +248,22 @@ def quantize_pack_channels(x: torch.Tensor, bits: int, group: int) -> tuple[torc
     return codes, scale, zero
 
 
-def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_zero: torch.Tensor,
-                     v_codes: torch.Tensor, v_scale: torch.Tensor, v_zero: torch.Tensor, k_tail: torch.Tensor,
-                     v_tail: torch.Tensor, *, bits_k: int, bits_v: int, group_k: int, group_v: int,
-                     scaling: float) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, k: PackedRead, v: PackedRead, k_tail: torch.Tensor, v_tail: torch.Tensor, *,
+                     scaling: float, mask: torch.Tensor | None = None) -> torch.Tensor:
     b, hq, d = q.shape
-    hkv, t = k_codes.shape[2], k_codes.shape[3]
-    if (not _readable(q, k_codes, v_codes) or k_scale.dtype != torch.float16 or v_scale.dtype != torch.float16
-            or k_zero.dtype != torch.float16 or v_zero.dtype != torch.float16 or v_codes.shape[3] != t
-            or t % group_k or d % group_v or hq % hkv):
-        return reference.decode_attention(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_tail, v_tail,
-                                          bits_k=bits_k, bits_v=bits_v, group_k=group_k, group_v=group_v,
-                                          scaling=scaling)
+    hkv, t = k.codes.shape[2], k.tokens
+    if (mask is not None or not _readable(q, k.codes, v.codes) or not kivi_keys(k) or not kivi_values(v)
+            or v.tokens != t or hq % hkv):
+        return reference.decode_attention(q, k, v, k_tail, v_tail, scaling=scaling, mask=mask)
     q = q.float().contiguous()
     k_tail, v_tail = k_tail.float().contiguous(), v_tail.float().contiguous()
-    kc, ks, kz, vc, vs, vz = (_row_major(x) for x in (k_codes, k_scale, k_zero, v_codes, v_scale, v_zero))
+    kc, ks, kz, vc, vs, vz = (_row_major(x) for x in (k.codes, k.scale, k.zero, v.codes, v.scale, v.zero))
     out = torch.empty(b, hq, d, dtype=torch.float32)
     rc = _lib().sp_decode_attention(
         b, hq, hkv, d, t, k_tail.shape[2], _ptr(q),
         _ptr(kc), _strides(kc), _ptr(ks), _strides(ks), _ptr(kz), _strides(kz),
         _ptr(vc), _strides(vc), _ptr(vs), _strides(vs), _ptr(vz), _strides(vz),
-        _ptr(k_tail), _ptr(v_tail), bits_k, bits_v, group_k, group_v, float(scaling), _ptr(out),
+        _ptr(k_tail), _ptr(v_tail), k.bits, v.bits, k.token_group, v.channel_group, float(scaling), _ptr(out),
         _threads())
     if rc:
         raise MemoryError("sp_decode_attention could not allocate its work space")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ...quant import minmax_codes
+from .contract import PackedRead
 
 NAME = "reference"
 NEEDS_POWER_OF_TWO_HEAD_DIM = False
@@ -104,31 +105,47 @@ def dequantize_tokens(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tens
     return torch.addcmul(zero.float().unsqueeze(-1), ug, scale.float().unsqueeze(-1)).view(b, h, t, d)
 
 
-def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_zero: torch.Tensor,
-                     v_codes: torch.Tensor, v_scale: torch.Tensor, v_zero: torch.Tensor, k_tail: torch.Tensor,
-                     v_tail: torch.Tensor, *, bits_k: int, bits_v: int, group_k: int, group_v: int,
-                     scaling: float) -> torch.Tensor:
-    """One query per sequence over a packed cache: keys per channel (groups of `group_k` tokens),
-    values per token (groups of `group_v` channels), then the full-precision tail.
+def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' rotate-half RoPE on [B, H, T, D] with half-width tables cos / sin [B, T, R / 2] (the first R
+    channels rotate): keys stored before RoPE get their position back on read."""
+    h = cos.shape[-1]
+    c, s = cos.float().unsqueeze(1), sin.float().unsqueeze(1)
+    x1, x2 = x[..., :h], x[..., h:2 * h]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 2 * h:]], dim=-1)
 
-    q [B, Hq, D]; k_codes / v_codes [bits, B, Hkv, T, D // 8]; k_scale / k_zero [B, Hkv, T // group_k, D];
-    v_scale / v_zero [B, Hkv, T, D // group_v]; k_tail / v_tail [B, Hkv, Tt, D]. Returns [B, Hq, D] fp32.
+
+def _per_token(x: torch.Tensor, read: PackedRead, t: int) -> torch.Tensor:
+    """Per-group parameters [B, H, ceil(T / tg), D / cg] -> float32 [B, H, T, D]."""
+    x = x.float()
+    if read.token_group > 1:
+        x = x.repeat_interleave(read.token_group, dim=2)
+    x = x[:, :, :t]
+    return x.repeat_interleave(read.channel_group, dim=3) if read.channel_group > 1 else x
+
+
+def dequantize_read(read: PackedRead) -> torch.Tensor:
+    """A PackedRead as float32 [B, H, T, D] (post-RoPE for keys stored before it): the oracle of every kernel."""
+    codes = unpack_bitplanes(read.codes, read.bits) if read.packing == "planes" else read.codes
+    t = codes.shape[2]
+    out = read.lut.to(codes.device).float()[codes.long()] * _per_token(read.scale, read, t)
+    if read.zero is not None:
+        out = out + _per_token(read.zero, read, t)
+    return out if read.rope is None else rotate_half_rope(out, *read.rope)
+
+
+def decode_attention(q: torch.Tensor, k: PackedRead, v: PackedRead, k_tail: torch.Tensor, v_tail: torch.Tensor, *,
+                     scaling: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One query per sequence over a packed cache of any layout, then the full-precision tail: the packed tokens
+    are dequantized whole (the oracle; the other backends read them tile by tile).
+
+    q [B, Hq, D]; k_tail / v_tail [B, Hkv, Tt, D]; mask bool [B, T + Tt] or None. Returns [B, Hq, D] fp32.
     Query heads share their KV head by a reshape, not a copy of the cache.
     """
     b, hq, d = q.shape
-    hkv, t = k_codes.shape[2], k_codes.shape[3]
-    rep, ng = hq // hkv, d // group_v
-    qg = q.float().reshape(b, hkv, rep, d)
-    k = dequantize_channels(k_codes, k_scale, k_zero, bits_k, group_k)
-    s_body = torch.matmul(qg, k.transpose(-1, -2))
-    s_tail = torch.matmul(qg, k_tail.float().transpose(-1, -2))
-    p = torch.softmax(torch.cat([s_body, s_tail], dim=-1) * scaling, dim=-1)
-    pb = p[..., :t]
-    # values: the per-token scales go into the probabilities (one row per channel group), so the codes
-    # enter the matmul as they are, with no scaled copy of the cache
-    ps = (pb.unsqueeze(-2) * v_scale.float().transpose(-1, -2).unsqueeze(2)).reshape(b, hkv, rep * ng, t)
-    m = torch.matmul(ps, unpack_bitplanes(v_codes, bits_v).float()).view(b, hkv, rep, ng, ng, group_v)
-    out = torch.diagonal(m, dim1=3, dim2=4).transpose(-1, -2).reshape(b, hkv, rep, d)
-    out = out + torch.matmul(pb, v_zero.float()).repeat_interleave(group_v, dim=-1)
-    out = out + torch.matmul(p[..., t:], v_tail.float())
-    return out.reshape(b, hq, d)
+    keys = torch.cat([dequantize_read(k), k_tail.float()], dim=2)
+    values = torch.cat([dequantize_read(v), v_tail.float()], dim=2)
+    hkv = keys.shape[1]
+    s = torch.matmul(q.float().reshape(b, hkv, hq // hkv, d), keys.transpose(-1, -2)) * scaling
+    if mask is not None:
+        s = s.masked_fill(~mask.to(s.device)[:, None, None, :], -float("inf"))
+    return torch.matmul(torch.softmax(s, dim=-1), values).reshape(b, hq, d)

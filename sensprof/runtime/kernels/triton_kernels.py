@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from . import reference
+from .contract import PackedRead, kivi_keys, kivi_values
 
 # the dense read path: PyTorch's own GPU kernels do these well
 from .reference import dequantize_channels, dequantize_tokens, unpack_float  # noqa: F401
@@ -222,20 +223,19 @@ def _token_sliced(x: torch.Tensor, inner: int) -> torch.Tensor:
     return x if ok else x.contiguous()
 
 
-def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_zero: torch.Tensor,
-                     v_codes: torch.Tensor, v_scale: torch.Tensor, v_zero: torch.Tensor, k_tail: torch.Tensor,
-                     v_tail: torch.Tensor, *, bits_k: int, bits_v: int, group_k: int, group_v: int,
-                     scaling: float) -> torch.Tensor:
-    return decode_attention_in_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_tail, v_tail,
-                                      bits_k=bits_k, bits_v=bits_v, group_k=group_k, group_v=group_v,
-                                      scaling=scaling, n_splits=None)
+def decode_attention(q: torch.Tensor, k: PackedRead, v: PackedRead, k_tail: torch.Tensor, v_tail: torch.Tensor, *,
+                     scaling: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    if mask is not None or not kivi_keys(k) or not kivi_values(v) or not _tileable(q.shape[-1]):
+        return reference.decode_attention(q, k, v, k_tail, v_tail, scaling=scaling, mask=mask)
+    return decode_attention_in_splits(q, k, v, k_tail, v_tail, scaling=scaling, n_splits=None)
 
 
-def decode_attention_in_splits(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, k_tail, v_tail, *,
-                               bits_k: int, bits_v: int, group_k: int, group_v: int, scaling: float,
-                               n_splits: int | None) -> torch.Tensor:
+def decode_attention_in_splits(q: torch.Tensor, k: PackedRead, v: PackedRead, k_tail: torch.Tensor,
+                               v_tail: torch.Tensor, *, scaling: float, n_splits: int | None) -> torch.Tensor:
     """decode_attention cutting the tokens into `n_splits` slices (None: enough to fill the GPU).
     Reads views of the packed cache in place (slices along tokens are not copied)."""
+    k_codes, k_scale, k_zero, bits_k, group_k = k.codes, k.scale, k.zero, k.bits, k.token_group
+    v_codes, v_scale, v_zero, bits_v, group_v = v.codes, v.scale, v.zero, v.bits, v.channel_group
     b, hq, d = q.shape
     hkv, t = k_codes.shape[2], k_codes.shape[3]
     rep = hq // hkv

