@@ -130,7 +130,11 @@ def select_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int 
     """
     if seq_len < 2:
         raise SensprofError(f"--seq-len {seq_len} is too short; use at least 2")
-    text, name = load_text(text_files)
+    return text_windows(tokenizer, *load_text(text_files), seq_len, windows, seed, exclude)
+
+
+def text_windows(tokenizer, text: str, name: str, seq_len: int, windows: int, seed: int = 0, exclude=None):
+    """select_windows of a text already read: a Ray worker gets the driver's text, not its files."""
     ids, slots = make_windows(tokenize(tokenizer, text), seq_len, windows, seed, bos_prefix(tokenizer), exclude)
     return ids, name, text_digest(text), slots
 

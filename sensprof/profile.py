@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -239,6 +240,163 @@ def peak_memory() -> dict:
     return out
 
 
+@dataclass
+class Cells:
+    """What every cell of one run reads: the baseline pass's layer outputs and final states, the calibration,
+    the run's options. A local run builds one; a Ray worker keeps one between the shards it is sent."""
+
+    model: object
+    session: object
+    input_ids: torch.Tensor
+    menu: Menu
+    infos: list
+    head: object
+    recorder: object
+    baseline: object
+    layer_outputs: dict
+    calibration: dict
+    stats_rows: list
+    has_rope: dict
+    variants_per_pass: int = 1
+    replay: bool = True
+    screen: bool = False
+    seconds: dict = field(default_factory=dict)
+
+    def shards(self, layer: int) -> list:
+        """(tensor, schemes) of one layer, K first: the order of a part's rows."""
+        return list(_cells_for_layer(self.menu, self.has_rope[layer]))
+
+    def cost_s(self) -> dict:
+        return {**{k: round(v, 3) for k, v in self.seconds.items()},
+                **{k: round(v, 3) for k, v in self.baseline.seconds.items()}}
+
+
+def baseline_cells(model, session, input_ids, menu: Menu, layers, *, kl="exact", seed=0, variants_per_pass=1,
+                   replay=True, screen=False) -> Cells:
+    """The unquantized pass whose outputs every cell of `layers` replays from and compares with."""
+    infos = describe_layers(model)
+    n_layers = len(infos)
+    head = output_head(model, input_ids, kl)
+    recorder = _prefix_recorder(menu, layers, input_ids.shape[1]) if replay and head is not None else None
+    final, layer_outputs, stats_taps = _baseline_pass(model, session, input_ids, n_layers, head, recorder)
+    baseline = (MaterializedBaseline(final, input_ids) if head is None
+                else Baseline(head, final, input_ids, sample=parse_kl(kl), seed=seed))
+    del final
+    stats_rows, calibration = _stats_rows(infos, stats_taps)
+    has_rope = {i: session.rope.get(i) is not None for i in range(n_layers)}
+    return Cells(model, session, input_ids, menu, infos, head, recorder, baseline, layer_outputs, calibration,
+                 stats_rows, has_rope, variants_per_pass, replay, screen)
+
+
+def profile_shard(cells: Cells, layer: int, tensors=("K", "V"), on_cell=None) -> dict:
+    """The cells of one layer's `tensors`: a whole layer's part (a local run), or one tensor (a Ray shard)."""
+    t0 = time.time()
+    part = profile_layer(cells.model, cells.session, layer, cells.infos[layer], cells.input_ids, cells.baseline,
+                         cells.layer_outputs, [(t, s) for t, s in cells.shards(layer) if t in tensors],
+                         cells.calibration, cells.variants_per_pass, cells.replay, on_cell=on_cell, head=cells.head,
+                         seconds=cells.seconds, recorder=cells.recorder, screen=cells.screen)
+    part["wall_time_s"] = time.time() - t0
+    return part
+
+
+def join_shards(layer: int, shards: list[dict]) -> dict:
+    """One layer's part from its tensors' shards, in the order Cells.shards gives them: as a local run writes it."""
+    return {"layer": layer, "rows": [r for s in shards for r in s["rows"]],
+            "heads": [r for s in shards for r in s["heads"]],
+            "wall_time_s": sum(s["wall_time_s"] for s in shards)}
+
+
+def run_meta(cells: Cells, settings: dict, *, model_id: str, text_name: str, seed: int, kl: str,
+             extra_meta: dict | None = None) -> dict:
+    """meta.json of a run, less what PartsStore.save_meta keeps up to date (layers done, times, memory)."""
+    infos, menu, session = cells.infos, cells.menu, cells.session
+    return {
+        "format_version": FORMAT_VERSION, "kind": KIND, "settings": settings,
+        "model": {"id": model_id, "fingerprint": settings["model_fingerprint"], "class": type(cells.model).__name__},
+        "layers": layer_infos_to_json(infos), "has_rope": [cells.has_rope[i] for i in range(len(infos))],
+        "schemes": {s.name: {"description": s.description, "revision": scheme_revision(s.name),
+                             "bits_per_element": {str(hd): bits_per_element(s, hd)
+                                                  for hd in sorted({i.head_dim for i in infos})}}
+                    for s in menu.schemes},
+        "text": text_name, "token_count": int(cells.input_ids.numel()), "seed": seed,
+        "versions": _versions(), "replay": cells.replay, "kl_compared": "materialized" if cells.head is None else kl,
+        "screen": cells.screen,
+        "attention": {"untapped": "sdpa" if session.fast else "eager", "suffix_replay": cells.recorder is not None},
+        **(extra_meta or {}),
+    }
+
+
+class PartsStore:
+    """The output side of a run: the parts found in `out_dir` (to resume), each new layer's part and the tables
+    rebuilt after it, meta.json kept current. Without `out_dir`, the parts stay in memory."""
+
+    def __init__(self, out_dir: str | None, settings: dict):
+        self.out_dir, self.parts, self.prior_time, self.meta = out_dir, {}, 0.0, {}
+        if out_dir:
+            old = check_out_dir(out_dir, settings)
+            if old is not None:
+                self.parts = dict(load_parts(out_dir))
+                self.prior_time = float(old.get("wall_time_s", 0.0))
+            os.makedirs(os.path.join(out_dir, PARTS), exist_ok=True)
+
+    def todo(self, layers) -> list[int]:
+        return [i for i in layers if i not in self.parts]
+
+    def finished(self, layers) -> bool:
+        """Nothing left to do: the same command after completion just reads the profile."""
+        return bool(self.out_dir) and not self.todo(layers) and all(
+            os.path.exists(os.path.join(self.out_dir, f)) for f in (META, STATS, CALIBRATION))
+
+    def start(self, meta: dict, stats_rows: list, calibration: dict) -> None:
+        self.meta, self.stats_rows, self.calibration = meta, stats_rows, calibration
+        if self.out_dir:
+            write_json(os.path.join(self.out_dir, CALIBRATION), calibration)
+            write_csv(os.path.join(self.out_dir, STATS), stats_rows, STATS_COLUMNS)
+
+    def add(self, layer: int, part: dict) -> None:
+        self.parts[layer] = part
+        if self.out_dir:
+            write_json(part_path(self.out_dir, layer), part)
+            write_tables(self.out_dir, self.parts)
+
+    def save_meta(self, run_time: float, cost_s: dict, memory: dict) -> None:
+        meta = self.meta
+        meta["layers_done"] = sorted(self.parts)
+        meta["complete"] = len(self.parts) == len(meta["layers"])
+        meta["wall_time_s"] = self.prior_time + run_time
+        meta["cost_s"] = cost_s
+        meta["memory"] = {k: round(v, 3) for k, v in memory.items()}
+        if self.out_dir:
+            write_json(os.path.join(self.out_dir, META), meta)
+
+    def profile(self) -> Profile:
+        if self.out_dir:
+            return load_profile(self.out_dir)
+        import pandas as pd
+
+        from .table import HEAD_COLUMNS, TABLE_COLUMNS
+        rows = [r for i in sorted(self.parts) for r in self.parts[i]["rows"]]
+        heads = [r for i in sorted(self.parts) for r in self.parts[i]["heads"]]
+        return Profile(pd.DataFrame(rows, columns=TABLE_COLUMNS), pd.DataFrame(heads, columns=HEAD_COLUMNS),
+                       pd.DataFrame(self.stats_rows, columns=STATS_COLUMNS), self.meta, self.calibration, None)
+
+
+def check_run(model, layers, variants_per_pass: int, kl: str, screen: bool, replay: bool) -> list[int]:
+    """The layers to profile, sorted; refuses layers out of range and options that cannot run."""
+    n_layers = len(describe_layers(model))
+    layers = list(range(n_layers)) if layers is None else sorted(set(layers))
+    if any(i < 0 or i >= n_layers for i in layers):
+        raise SensprofError(f"layers {layers} out of range: the model has layers 0-{n_layers - 1}")
+    if variants_per_pass < 1:
+        raise SensprofError("--variants-per-pass must be at least 1")
+    check_modes(kl, screen, replay)
+    return layers
+
+
+def as_menu(schemes: Menu | list[QuantScheme]) -> Menu:
+    return schemes if isinstance(schemes, Menu) else Menu(tuple(schemes), tuple(schemes))
+
+
 @torch.inference_mode()
 def run_profile(model, input_ids: torch.Tensor, schemes: Menu | list[QuantScheme], *,
                 layers: list[int] | None = None, out_dir: str | None = None, model_id: str = "model",
@@ -256,95 +414,33 @@ def run_profile(model, input_ids: torch.Tensor, schemes: Menu | list[QuantScheme
     from tqdm.auto import tqdm
 
     t0 = time.time()
-    infos = describe_layers(model)
-    n_layers = len(infos)
-    layers = list(range(n_layers)) if layers is None else sorted(set(layers))
-    if any(i < 0 or i >= n_layers for i in layers):
-        raise SensprofError(f"layers {layers} out of range: the model has layers 0-{n_layers - 1}")
-    if variants_per_pass < 1:
-        raise SensprofError("--variants-per-pass must be at least 1")
-    menu = schemes if isinstance(schemes, Menu) else Menu(tuple(schemes), tuple(schemes))
-    sample = check_modes(kl, screen, replay)
+    layers = check_run(model, layers, variants_per_pass, kl, screen, replay)
+    menu = as_menu(schemes)
     input_ids = input_ids.to(_input_device(model))
     settings = profile_settings(model, input_ids, menu, text_digest=text_digest, seed=seed,
                                 variants_per_pass=variants_per_pass, kl=kl, screen=screen)
-    parts: dict[int, dict] = {}
-    prior_time = 0.0
-    if out_dir:
-        old = check_out_dir(out_dir, settings)
-        if old is not None:
-            parts = {k: v for k, v in load_parts(out_dir).items()}
-            prior_time = float(old.get("wall_time_s", 0.0))
-        os.makedirs(os.path.join(out_dir, PARTS), exist_ok=True)
-
-    todo = [i for i in layers if i not in parts]
-    if out_dir and not todo and all(os.path.exists(os.path.join(out_dir, f)) for f in (META, STATS, CALIBRATION)):
-        return load_profile(out_dir)  # nothing left to do: the same command after completion just reads
+    store = PartsStore(out_dir, settings)
+    todo = store.todo(layers)
+    if store.finished(layers):
+        return store.profile()
     with attention_taps(model) as session:
-        head = output_head(model, input_ids, kl)
-        recorder = _prefix_recorder(menu, todo, input_ids.shape[1]) if replay and head is not None else None
-        final, layer_outputs, stats_taps = _baseline_pass(model, session, input_ids, n_layers, head, recorder)
-        baseline = (MaterializedBaseline(final, input_ids) if head is None
-                    else Baseline(head, final, input_ids, sample=sample, seed=seed))
-        del final
-        seconds: dict = {}
-        stats_rows, calibration = _stats_rows(infos, stats_taps)
-        has_rope = {i: session.rope.get(i) is not None for i in range(n_layers)}
-        meta = {
-            "format_version": FORMAT_VERSION, "kind": KIND, "settings": settings,
-            "model": {"id": model_id, "fingerprint": settings["model_fingerprint"],
-                      "class": type(model).__name__},
-            "layers": layer_infos_to_json(infos), "has_rope": [has_rope[i] for i in range(n_layers)],
-            "schemes": {s.name: {"description": s.description, "revision": scheme_revision(s.name),
-                                 "bits_per_element": {str(hd): bits_per_element(s, hd)
-                                                      for hd in sorted({i.head_dim for i in infos})}}
-                        for s in menu.schemes},
-            "text": text_name, "token_count": int(input_ids.numel()), "seed": seed,
-            "versions": _versions(), "replay": replay, "kl_compared": "materialized" if head is None else kl,
-            "screen": screen,
-            "attention": {"untapped": "sdpa" if session.fast else "eager", "suffix_replay": recorder is not None},
-            **(extra_meta or {}),
-        }
-        if out_dir:
-            write_json(os.path.join(out_dir, CALIBRATION), calibration)
-            write_csv(os.path.join(out_dir, STATS), stats_rows, STATS_COLUMNS)
+        cells = baseline_cells(model, session, input_ids, menu, todo, kl=kl, seed=seed,
+                               variants_per_pass=variants_per_pass, replay=replay, screen=screen)
+        store.start(run_meta(cells, settings, model_id=model_id, text_name=text_name, seed=seed, kl=kl,
+                             extra_meta=extra_meta), cells.stats_rows, cells.calibration)
 
-        def save_meta(run_time):
-            meta["layers_done"] = sorted(parts)
-            meta["complete"] = len(parts) == n_layers
-            meta["wall_time_s"] = prior_time + run_time
-            meta["cost_s"] = {**{k: round(v, 3) for k, v in seconds.items()},
-                              **{k: round(v, 3) for k, v in baseline.seconds.items()}}
-            meta["memory"] = {k: round(v, 3) for k, v in peak_memory().items()}
-            if out_dir:
-                write_json(os.path.join(out_dir, META), meta)
+        def save_meta():
+            store.save_meta(time.time() - t0, cells.cost_s(), peak_memory())
 
-        save_meta(time.time() - t0)
-        n_cells = sum(len(s) for i in todo for _, s in _cells_for_layer(menu, has_rope[i]))
+        save_meta()
+        n_cells = sum(len(s) for i in todo for _, s in cells.shards(i))
         bar = tqdm(total=n_cells, unit="cell", desc="profiling", disable=not progress, dynamic_ncols=True)
         try:
             for layer in todo:
-                lt = time.time()
                 bar.set_postfix_str(f"layer {layer}")
-                part = profile_layer(model, session, layer, infos[layer], input_ids, baseline, layer_outputs,
-                                     list(_cells_for_layer(menu, has_rope[layer])), calibration,
-                                     variants_per_pass, replay, on_cell=bar.update, head=head, seconds=seconds,
-                                     recorder=recorder, screen=screen)
-                part["wall_time_s"] = time.time() - lt
-                parts[layer] = part
-                if out_dir:
-                    write_json(part_path(out_dir, layer), part)
-                    write_tables(out_dir, parts)
-                    save_meta(time.time() - t0)
+                store.add(layer, profile_shard(cells, layer, on_cell=bar.update))
+                save_meta()
         finally:
             bar.close()
-    save_meta(time.time() - t0)
-    if out_dir:
-        return load_profile(out_dir)
-    import pandas as pd
-
-    from .table import HEAD_COLUMNS, TABLE_COLUMNS
-    rows = [r for i in sorted(parts) for r in parts[i]["rows"]]
-    heads = [r for i in sorted(parts) for r in parts[i]["heads"]]
-    return Profile(pd.DataFrame(rows, columns=TABLE_COLUMNS), pd.DataFrame(heads, columns=HEAD_COLUMNS),
-                   pd.DataFrame(stats_rows, columns=STATS_COLUMNS), meta, calibration, None)
+    save_meta()
+    return store.profile()
