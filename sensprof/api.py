@@ -28,17 +28,19 @@ def _model_options(model=None, device="auto", dtype=None, device_map=None, trust
 def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None, target=None, vllm_gpu=None,
             tokenizer=None, text=None, seq_len=256, windows=2, seed=0, layers=None, out_dir=None, device="auto",
             dtype=None, device_map=None, trust_remote_code=False, variants_per_pass=1, kl="exact", screen=False,
-            naive=False, progress=True, quiet_loading=False):
+            naive=False, progress=True, quiet_loading=False, ray=None, ray_workers=None, ray_gpus_per_worker=None):
     """Profile a model (an id/path/alias, or a loaded transformers model with its tokenizer).
 
     `schemes` go to both K and V; `k_schemes` / `v_schemes` to one (default: the per-tensor default menus, or
     what `target` can use). `seq_len` may be a list (e.g. "256,1024"): each length is profiled, the longest into
-    `out_dir`, the others into `out_dir`/lengths/<L>. `layers`: a list or a spec such as "0-11". Returns the
+    `out_dir`, the others into `out_dir`/lengths/<L>. `layers`: a list or a spec such as "0-11". `ray`: True (a
+    Ray cluster on this machine, or the one already initialized) or a Ray address ("auto", "host:6379",
+    "ray://host:10001") fans the cells out over `ray_workers` workers (default one per GPU, else per CPU), each
+    loading the model on `ray_gpus_per_worker` GPUs (default 1; more with `device_map="auto"`). Returns the
     `Profile` of the longest length (its `.table` is a pandas DataFrame, one row per layer x tensor x scheme).
     """
-    from .data import parse_seq_lens
-    from .models import describe_layers, load_model, max_positions
-    from .profile import check_modes, run_profile
+    from .data import load_text, parse_seq_lens
+    from .profile import check_modes
     from .specs import parse_layers
     from .table import length_dir
     from .targets import profile_menu
@@ -51,10 +53,56 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
     for flag, value in (("--windows", windows), ("--variants-per-pass", variants_per_pass)):
         if value < 1:
             raise SensprofError(f"{flag} must be at least 1")
+    if ray is None and (ray_workers is not None or ray_gpus_per_worker is not None):
+        raise SensprofError("--ray-workers and --ray-gpus-per-worker need --ray")
+    if ray is not None and not isinstance(model, str):
+        raise SensprofError("--ray loads the model on every worker: pass a model id, path or alias, not a loaded model")
     if out_dir:
         from .files import check_writable
 
         check_writable(out_dir)  # before minutes of loading
+    files = [text] if isinstance(text, str) else text
+    with contextlib.ExitStack() as stack:
+        if ray is None:
+            model, tokenizer, model_id, shape = _profiled_model(model, tokenizer, device, dtype, device_map,
+                                                                trust_remote_code, quiet_loading)
+        else:
+            from .distributed import RayProfiler
+
+            model_id, (body, text_name) = model, load_text(files)  # the driver's text goes to every worker
+            cluster = stack.enter_context(RayProfiler(ray, _model_options(model, device, dtype, device_map,
+                                                                          trust_remote_code),
+                                                      ray_workers, ray_gpus_per_worker,
+                                                      log=_stderr_line if progress else None))
+            shape = cluster.shape
+        layers = parse_layers(layers, shape["layers"]) if layers is None or isinstance(layers, str) else layers
+        menu = profile_menu(schemes, target, vllm_gpu, set(shape["head_dims"]), k_schemes, v_schemes)
+        parse_seq_lens(seq_len, shape["max_positions"])
+        result = None
+        for n in lengths:  # the shorter ones first (cheap), the longest last: it is the profile the planner reads
+            out = (out_dir if n == lengths[-1] else length_dir(out_dir, n)) if out_dir else None
+            extra = {"lengths": lengths if len(lengths) > 1 else None,
+                     "text_files": [os.path.abspath(t) for t in files] if files else None}
+            if ray is None:
+                result = _profile_here(model, tokenizer, files, n, windows, seed, menu, layers, out, model_id,
+                                       variants_per_pass, naive, kl, screen, progress, extra)
+            else:
+                result = cluster.profile(menu, body, text_name, n, windows, seed, layers, out, model_id,
+                                         variants_per_pass, not naive, "materialized" if naive else kl, screen,
+                                         progress, extra)
+    return result
+
+
+def _stderr_line(msg: str) -> None:
+    import sys
+
+    print(f"sensprof: {msg}", file=sys.stderr, flush=True)
+
+
+def _profiled_model(model, tokenizer, device, dtype, device_map, trust_remote_code, quiet_loading):
+    """(model, tokenizer, model id, shape) of the model to profile in this process: loaded, or as passed."""
+    from .models import describe_layers, load_model, max_positions
+
     if isinstance(model, str):
         model_id = model
         with contextlib.redirect_stderr(io.StringIO()) if quiet_loading else contextlib.nullcontext():
@@ -68,21 +116,20 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
         model_id = getattr(model.config, "_name_or_path", type(model).__name__)
         register()
     infos = describe_layers(model)
-    layers = parse_layers(layers, len(infos)) if layers is None or isinstance(layers, str) else layers
-    menu = profile_menu(schemes, target, vllm_gpu, {i.head_dim for i in infos}, k_schemes, v_schemes)
-    parse_seq_lens(seq_len, max_positions(model))
-    files = [text] if isinstance(text, str) else text
-    out = out_dir  # None: nothing written (the CLI passes profiles/<model> by default)
-    result = None
-    for n in lengths:  # the shorter ones first (cheap), the longest last: it is the profile the planner reads
-        ids, text_name, digest, slots = select_windows(tokenizer, files, n, windows, seed)
-        result = run_profile(model, ids, menu, layers=layers, out_dir=(out if n == lengths[-1] else length_dir(out, n))
-                             if out else None, model_id=model_id, text_name=text_name, text_digest=digest, seed=seed,
-                             variants_per_pass=variants_per_pass, replay=not naive,
-                             kl="materialized" if naive else kl, screen=screen, progress=progress,
-                             extra_meta={"window_slots": slots, "lengths": lengths if len(lengths) > 1 else None,
-                                         "text_files": [os.path.abspath(t) for t in files] if files else None})
-    return result
+    shape = {"layers": len(infos), "head_dims": sorted({i.head_dim for i in infos}),
+             "max_positions": max_positions(model)}
+    return model, tokenizer, model_id, shape
+
+
+def _profile_here(model, tokenizer, files, seq_len, windows, seed, menu, layers, out, model_id, variants_per_pass,
+                  naive, kl, screen, progress, extra):
+    from .profile import run_profile
+
+    ids, text_name, digest, slots = select_windows(tokenizer, files, seq_len, windows, seed)
+    return run_profile(model, ids, menu, layers=layers, out_dir=out, model_id=model_id, text_name=text_name,
+                       text_digest=digest, seed=seed, variants_per_pass=variants_per_pass, replay=not naive,
+                       kl="materialized" if naive else kl, screen=screen, progress=progress,
+                       extra_meta={"window_slots": slots, **extra})
 
 
 def default_profile_dir(model: str) -> str:

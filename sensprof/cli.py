@@ -25,7 +25,8 @@ def cmd_profile(args) -> int:
                        target=args.target, vllm_gpu=args.vllm_gpu, text=args.text, seq_len=args.seq_len,
                        windows=args.windows, seed=args.seed, layers=args.layers, out_dir=out,
                        variants_per_pass=args.variants_per_pass, kl=args.kl, screen=args.screen, naive=args.naive,
-                       progress=not args.quiet, quiet_loading=args.quiet)
+                       progress=not args.quiet, quiet_loading=args.quiet, ray=args.ray, ray_workers=args.ray_workers,
+                       ray_gpus_per_worker=args.ray_gpus_per_worker)
     if not args.quiet:
         from .summary import summarize
 

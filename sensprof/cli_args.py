@@ -88,6 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--naive", action="store_true",
                    help="a full forward per cell with full [tokens, vocab] logits compared, instead of replaying from the "
                         "quantized layer and comparing in vocabulary chunks (the reference for benchmarks)")
+    p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
+                   help="fan the cells out over a Ray cluster (pip install 'sensprof[ray]'): its address (auto, "
+                        "host:6379, ray://host:10001), or none to start one on this machine")
+    p.add_argument("--ray-workers", type=int, default=None, metavar="N",
+                   help="with --ray: workers, each loading the model once (default: one per GPU of the cluster, "
+                        "else one per CPU)")
+    p.add_argument("--ray-gpus-per-worker", type=int, default=None, metavar="G",
+                   help="with --ray: GPUs of one node each worker spreads the model over with --device-map auto "
+                        "(default 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
 
     m = sub.add_parser("merge", help="join profiles of the same model/settings computed for different layers")

@@ -19,6 +19,7 @@ LAYERS = [
     ["artifacts", "targets", "planner", "table", "models", "hub"],
     ["hooks", "taps", "outputs", "suffix", "plan", "export"],
     ["profile", "validate", "refine", "sweep", "summary", "runtime", "evaluate", "report"],
+    ["distributed"],  # sensprof profile --ray: runs sensprof.profile's cells on Ray workers
     ["api"],
     ["cli", "cli_args", "__main__"],
 ]

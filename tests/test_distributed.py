@@ -1,0 +1,174 @@
+"""`sensprof profile --ray`: a local Ray cluster of 2 CPU workers on the tiny Llama gives the very tables of a
+local run, resumes and merges like one, survives a worker killed mid-run, and refuses bad input in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from conftest import one_error_line, run_cli
+
+from sensprof import api
+from sensprof.distributed import EXIT_HOOK, shard_order
+from sensprof.errors import SensprofError
+
+SCHEMES = "int4_c32,int2_t32,int4_t32_r16,int2_c32_pre"
+TABLES = ("profile.csv", "heads.csv", "stats.csv", "calibration.json")
+RUN = dict(schemes=SCHEMES, seq_len=32, windows=2, progress=False)
+
+
+def _bytes(d, name):
+    with open(os.path.join(d, name), "rb") as f:
+        return f.read()
+
+
+def _assert_same_tables(a, b):
+    for name in TABLES:
+        assert _bytes(a, name) == _bytes(b, name), name
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One local Ray cluster of 2 CPUs for the module; its workers inherit the kill hook's variable (the hook
+    fires only while the file it names exists)."""
+    ray = pytest.importorskip("ray")
+    flag = str(tmp_path_factory.mktemp("hook") / "exit-once")
+    old = os.environ.get(EXIT_HOOK)
+    os.environ[EXIT_HOOK] = flag
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield flag
+    ray.shutdown()
+    if old is None:
+        del os.environ[EXIT_HOOK]
+    else:
+        os.environ[EXIT_HOOK] = old
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_model_dir):
+    """A local run of the tiny Llama (all layers): what every Ray run must reproduce byte for byte."""
+    d = str(tmp_path_factory.mktemp("ref") / "local")
+    prof = api.profile(tiny_model_dir, out_dir=d, **RUN)
+    assert prof.meta["complete"] and len(prof.table) == 3 * 7
+    return d
+
+
+def test_two_workers_give_the_local_table(cluster, reference, tiny_model_dir, tmp_path):
+    out = str(tmp_path / "ray")
+    prof = api.profile(tiny_model_dir, out_dir=out, ray=True, ray_workers=2, **RUN)
+    _assert_same_tables(out, reference)
+    meta, ref_meta = (json.loads(_bytes(d, "meta.json")) for d in (out, reference))
+    assert meta["settings"] == ref_meta["settings"] and meta["layers"] == ref_meta["layers"]
+    assert meta["ray"] == {"workers": 2, "workers_lost": 0}
+    assert meta["complete"] and meta["layers_done"] == [0, 1, 2] and meta["window_slots"] == ref_meta["window_slots"]
+    assert set(meta["cost_s"]) == set(ref_meta["cost_s"])
+    for layer in range(3):  # each layer's part: both tensors' rows, K first, as a local run writes it
+        name = f"parts/layer_{layer:04d}.json"
+        ours, theirs = (json.loads(_bytes(d, name)) for d in (out, reference))
+        assert ours["rows"] == theirs["rows"] and ours["heads"] == theirs["heads"]
+    assert prof.table.equals(pd.read_csv(os.path.join(reference, "profile.csv")))
+
+
+def test_killed_worker_shard_is_retried_elsewhere(cluster, reference, tiny_model_dir, tmp_path):
+    open(cluster, "w").close()  # arm the hook: the first worker to start a shard exits (os._exit)
+    out = str(tmp_path / "ray")
+    prof = api.profile(tiny_model_dir, out_dir=out, ray=True, ray_workers=2, **RUN)
+    assert not os.path.exists(cluster), "no worker was killed"
+    assert prof.meta["ray"] == {"workers": 2, "workers_lost": 1}
+    _assert_same_tables(out, reference)
+
+
+def test_ray_run_resumes_and_merges_as_a_local_one(cluster, reference, tiny_model_dir, tmp_path):
+    resumed = str(tmp_path / "resumed")
+    api.profile(tiny_model_dir, out_dir=resumed, layers="0", **RUN)  # a local run of layer 0...
+    part0 = _bytes(resumed, "parts/layer_0000.json")
+    prof = api.profile(tiny_model_dir, out_dir=resumed, ray=True, **RUN)  # ...finished on Ray
+    assert _bytes(resumed, "parts/layer_0000.json") == part0  # layer 0 was not redone
+    assert prof.meta["complete"] and prof.meta["ray"]["workers"] == 2
+    _assert_same_tables(resumed, reference)
+
+    local0, ray12 = str(tmp_path / "local0"), str(tmp_path / "ray12")
+    shutil.copytree(resumed, local0)
+    for layer in (1, 2):
+        os.unlink(os.path.join(local0, f"parts/layer_{layer:04d}.json"))
+    api.profile(tiny_model_dir, out_dir=ray12, layers="1-2", ray=True, **RUN)
+    merged = api.merge([local0, ray12], str(tmp_path / "merged"))
+    assert merged["complete"]
+    _assert_same_tables(str(tmp_path / "merged"), reference)
+
+
+def test_cli_starts_its_own_cluster(reference, tiny_model_dir, tmp_path):
+    """Without an address the command starts (and stops) a Ray cluster on this machine; stderr stays clean."""
+    pytest.importorskip("ray")
+    out = tmp_path / "cli"
+    r = subprocess.run([sys.executable, "-m", "sensprof", "profile", "--model", tiny_model_dir, "--schemes", SCHEMES,
+                        "--seq-len", "32", "--ray", "--ray-workers", "2", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr
+    assert f"wrote {out}/" in r.stdout
+    lines = [ln for ln in r.stderr.replace("\r", "\n").splitlines() if ln.strip()]
+    assert lines[0].startswith("sensprof: 2 Ray workers (0 GPU, 1 CPU each) are loading")
+    assert all(ln.startswith(("sensprof: ", "profiling:")) for ln in lines), lines
+    _assert_same_tables(str(out), reference)
+
+
+def test_shards_longest_first():
+    """A shard's cost: its cells times the layers it replays (its own to the last) plus the head."""
+    order = shard_order({0: [("K", 2), ("V", 2)], 2: [("K", 4)], 3: [("V", 1)]}, n_layers=4)
+    assert order == [(2, "K", 4), (0, "K", 2), (0, "V", 2), (3, "V", 1)]  # costs 12, 10, 10, 2
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2
+
+
+def test_ray_not_installed(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    msg = one_error_line(*run_cli(capsys, "profile", "--model", tmp_path / "never-loaded", "--ray"))
+    assert msg == "sensprof: error: --ray needs Ray, which is not installed; pip install 'sensprof[ray]'"
+
+
+@pytest.mark.parametrize("address, match", [
+    ("127.0.0.1:1", "cannot reach the Ray cluster at '127.0.0.1:1' ("),
+    ("ray://127.0.0.1:1", "cannot reach the Ray cluster at 'ray://127.0.0.1:1' ("),
+    ("head-node", "'head-node' is not a Ray address; pass host:6379, ray://host:10001 or auto"),
+])
+def test_unreachable_or_malformed_address(capsys, tmp_path, address, match):
+    pytest.importorskip("ray")
+    msg = one_error_line(*run_cli(capsys, "profile", "--model", tmp_path / "never-loaded", "--ray", address))
+    assert match in msg
+
+
+def test_worker_that_cannot_load_the_model_is_reported_once(cluster, capsys, tmp_path):
+    d = tmp_path / "broken-model"
+    d.mkdir()
+    (d / "config.json").write_text("{")  # every worker fails to read it
+    rc, out, err = run_cli(capsys, "profile", "--model", d, "--ray", "--ray-workers", "2", "--out", tmp_path / "o")
+    assert rc == 2 and "Traceback" not in err
+    errors = [ln for ln in err.splitlines() if "error" in ln]
+    assert len(errors) == 1, err
+    assert errors[0].startswith("sensprof: error: ") and "pass a model directory with a valid config.json" in errors[0]
+    assert errors[0].endswith("(2 of 2 Ray workers)")
+    assert err.count("valid config.json") == 1
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--ray", "--ray-workers", "3"], "--ray-workers 3 needs 3 CPU slots; the Ray cluster has 2: pass fewer"),
+    (["--ray", "--ray-workers", "0"], "--ray-workers 0 is too few; use at least 1"),
+    (["--ray", "--ray-gpus-per-worker", "2"], "--ray-gpus-per-worker needs GPUs, and the Ray cluster has none"),
+    (["--ray-workers", "2"], "--ray-workers and --ray-gpus-per-worker need --ray"),
+])
+def test_bad_worker_options(cluster, capsys, tmp_path, argv, match):
+    msg = one_error_line(*run_cli(capsys, "profile", "--model", tmp_path / "never-loaded", "--quiet", *argv))
+    assert match in msg
+
+
+def test_a_loaded_model_cannot_go_to_ray(tiny_tokenizer):
+    from conftest import make_tiny_model
+
+    with pytest.raises(SensprofError, match="pass a model id, path or alias, not a loaded model"):
+        api.profile(make_tiny_model("llama"), tokenizer=tiny_tokenizer, ray=True, **RUN)
