@@ -296,6 +296,44 @@ def evaluate(plan_path: str, *, model=None, task="retrieval", lengths="1k,2k,4k"
     return df, out
 
 
+def lm_eval(plan_path: str, *, tasks, include=None, limit=None, num_fewshot=None, chunk=512, uniform="auto",
+            kernels="auto", model=None, device="auto", dtype=None, device_map=None, trust_remote_code=False, out=None,
+            quiet=False, progress=None):
+    """lm-evaluation-harness `tasks` (names or patterns; `include`: directories of your own YAML tasks) through
+    the runtime cache for the baseline, the plan and the uniform configurations of equal memory; one comparison
+    table is written to `out` (default <plan>.lm-eval.csv). Needs `pip install 'sensprof[eval]'`.
+    Returns (table, path)."""
+    from .artifacts import load_plan
+    from .evaluate.lm_eval_run import parse_tasks, require_lm_eval, run_lm_eval, task_manager
+    from .evaluate.run import use_sdpa
+    from .files import atomic_write_text, check_writable
+    from .models import load_for_plan
+
+    require_lm_eval()
+    names = parse_tasks(tasks)
+    if limit is not None and not limit > 0:
+        raise SensprofError(f"--lm-eval-limit {limit:g} is too small; use a number of documents per task, e.g. 100")
+    if limit is not None and limit >= 1:
+        limit = int(limit)  # lm-eval reads a limit below 1 as a share of each task's documents
+    if num_fewshot is not None and num_fewshot < 0:
+        raise SensprofError(f"--num-fewshot {num_fewshot} is negative; use 0 or more")
+    if chunk < 1:
+        raise SensprofError(f"--chunk {chunk} is too small; use a positive number of tokens, e.g. 512")
+    if uniform not in ("auto", "all", "none"):
+        raise SensprofError(f"--uniform {uniform!r} is not one of auto, all, none")
+    result = load_plan(plan_path)
+    out = out or os.path.splitext(plan_path)[0] + ".lm-eval.csv"
+    check_writable(out, "--out", "file")
+    tm = task_manager(names, include)  # unknown tasks fail before the model loads
+    with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+        loaded = load_for_plan(result, model, device, dtype, device_map, trust_remote_code)
+    use_sdpa(loaded.model)
+    df = run_lm_eval(loaded.model, loaded.tokenizer, result, names, tm, limit, num_fewshot, chunk, uniform, kernels,
+                     progress, quiet)
+    atomic_write_text(out, df.to_csv(index=False))
+    return df, out
+
+
 # ---------------------------------------------------------------- profiles: merge, summary, report
 
 

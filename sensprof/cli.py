@@ -102,19 +102,30 @@ def cmd_export(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from .evaluate.run import format_eval
-
     t0, c0 = time.perf_counter(), time.process_time()
     progress = None if args.quiet else (lambda msg: print(f"eval: {msg}", file=sys.stderr, flush=True))
-    df, out = api.evaluate(args.plan, **_model(args), task=args.task, lengths=args.lengths, depths=args.depths,
-                           seeds=args.seeds, chunk=args.chunk, uniform=args.uniform, text=args.text,
-                           seq_len=args.seq_len, windows=args.windows, seed=args.seed, out=args.out,
-                           quiet=args.quiet, progress=progress)
-    print(format_eval(df, args.seeds))
+    if args.lm_eval_tasks:
+        from .evaluate.lm_eval_run import format_lm_eval
+
+        df, out = api.lm_eval(args.plan, **_model(args), tasks=args.lm_eval_tasks, include=args.lm_eval_include,
+                              limit=args.lm_eval_limit, num_fewshot=args.num_fewshot, chunk=args.chunk,
+                              uniform=args.uniform, out=args.out, quiet=args.quiet, progress=progress)
+        table = format_lm_eval(df)
+        what = f"lm-eval requests, each through a fresh runtime cache (chunks of {args.chunk} tokens)"
+    else:
+        from .evaluate.run import format_eval
+
+        df, out = api.evaluate(args.plan, **_model(args), task=args.task, lengths=args.lengths, depths=args.depths,
+                               seeds=args.seeds, chunk=args.chunk, uniform=args.uniform, text=args.text,
+                               seq_len=args.seq_len, windows=args.windows, seed=args.seed, out=args.out,
+                               quiet=args.quiet, progress=progress)
+        table = format_eval(df, args.seeds)
+        what = f"{len(df.attrs['samples'])} samples through the runtime cache (chunks of {args.chunk} tokens)"
+    print(table)
     for note in df.attrs["notes"]:
         print(f"# note: {note}")
-    print(f"# {len(df.attrs['samples'])} samples through the runtime cache (chunks of {args.chunk} tokens) in "
-          f"{time.perf_counter() - t0:.1f} s wall ({time.process_time() - c0:.1f} s CPU), model loading included")
+    print(f"# {what} in {time.perf_counter() - t0:.1f} s wall ({time.process_time() - c0:.1f} s CPU), model loading "
+          "included")
     print(f"wrote {out}")
     return 0
 

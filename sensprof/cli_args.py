@@ -220,8 +220,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="auto (default: uniform configurations nearest the plan's memory, not below) | all | none")
     _add_text_args(ev, seq_len=1024, windows=2,
                    text_help="also measure perplexity through the cache on this plain-text/JSONL file")
-    ev.add_argument("--out", default=None, help="CSV path (default: beside the plan, <plan>.eval-<task>.csv)")
+    ev.add_argument("--out", default=None, help="CSV path (default: beside the plan, <plan>.eval-<task>.csv, or "
+                    "<plan>.lm-eval.csv with --lm-eval-tasks)")
     ev.add_argument("--quiet", action="store_true", help="no progress lines")
+    ev.add_argument("--lm-eval-tasks", default=None, metavar="T1,T2",
+                    help="instead of --task: lm-evaluation-harness tasks (names or patterns, e.g. gsm8k or "
+                         "hellaswag,arc_easy) through the runtime cache; needs pip install 'sensprof[eval]'")
+    ev.add_argument("--lm-eval-include", action="append", default=None, metavar="DIR",
+                    help="with --lm-eval-tasks: a directory of your own lm-eval task YAML files; repeatable")
+    ev.add_argument("--lm-eval-limit", type=float, default=None, metavar="N",
+                    help="with --lm-eval-tasks: documents per task (a fraction below 1: that share of them)")
+    ev.add_argument("--num-fewshot", type=int, default=None, metavar="N",
+                    help="with --lm-eval-tasks: few-shot examples per prompt (default: each task's own)")
 
     s = sub.add_parser("summary", help="print the summary table of a profile directory")
     s.add_argument("dir", help="profile directory")
