@@ -9,6 +9,12 @@
  * the last dim of every tensor is contiguous. Quantization is bit-exact with the reference: it is built
  * with -ffp-contract=off and no fast-math, so (x - mn) * inv + 0.5 rounds as PyTorch rounds it.
  *
+ * Decode attention has two paths: sp_decode_attention, the fused loops of the KIVI layouts above (scales folded
+ * into the query and the softmax weights), and sp_decode_packed, any layout contract.PackedRead describes (bit-
+ * planes or fp8 bytes, a code table or an affine offset, fp16 / fp32 parameters of any group and stride, keys
+ * stored before RoPE), dequantizing a token row or a tile of SP_VBLOCK tokens at a time into a per-thread scratch.
+ * Both take a read mask, and share the split-K cut, the thread pool and the log-sum-exp merge (run_decode).
+ *
  * Every exported (non-static) function is declared in cpu_kernels.py's SIGNATURES table, parameter for
  * parameter; a test compares the two. SP_ABI_VERSION is written there too, and a library that reports another
  * version is refused on load.
@@ -25,7 +31,7 @@ static uint64_t SPREAD[256]; /* byte -> 8 bytes, byte i = bit i */
 #define SP_VBLOCK 64 /* value tokens whose weights are computed together */
 #define SP_MAXTHREADS 64
 #define SP_PARALLEL_WORK 4096 /* (sequences x KV heads x tokens) below which one thread is quicker */
-#define SP_ABI_VERSION 1      /* = ABI_VERSION in cpu_kernels.py: bump both whenever an exported signature changes */
+#define SP_ABI_VERSION 2      /* = ABI_VERSION in cpu_kernels.py: bump both whenever an exported signature changes */
 
 int sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -128,7 +134,8 @@ static inline float hmax(__m256 v) {
     return _mm_cvtss_f32(x);
 }
 
-static inline __m256 exp8(__m256 x) { /* Cephes expf: 2^n * poly(r), within 2 ulp; x below -87 gives ~0 */
+static inline __m256 exp8(__m256 x) { /* Cephes expf: 2^n * poly(r), within 2 ulp; x below -87 (-inf) gives 0 */
+    const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
     __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -141,14 +148,22 @@ static inline __m256 exp8(__m256 x) { /* Cephes expf: 2^n * poly(r), within 2 ul
     y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
     y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), live);
 }
 #endif
 
-/* x[i] = exp(x[i] - max x) in place; returns the sum, and the max in *max_out */
+/* x[i] = exp(x[i] - max x) in place; returns the sum, and the max in *max_out. Masked scores are -inf (weight 0);
+ * when every score is masked, every weight and the sum are 0 (the max stays -inf, which the merge reads as empty). */
 static float softmax_unnormalised(float *x, int64_t n, float *max_out) {
     float mx = -INFINITY, sum = 0.0f;
     int64_t i = 0;
+    for (int64_t k = 0; k < n && mx == -INFINITY; k++) mx = x[k] > mx ? x[k] : mx;
+    if (mx == -INFINITY) {
+        for (int64_t k = 0; k < n; k++) x[k] = 0.0f;
+        *max_out = mx;
+        return 0.0f;
+    }
+    mx = -INFINITY;
 #ifdef SP_AVX2
     if (n >= 8) {
         __m256 m = _mm256_loadu_ps(x);
@@ -240,17 +255,18 @@ static inline __attribute__((always_inline)) void values_avx2(
     }
 }
 
+/* one case per query-head count (a constant after inlining), each ended by END */
+#define SP_REP_CASES(CALL, END)                                                                              \
+    case 1: CALL(1); END;                                                                                    \
+    case 2: CALL(2); END;                                                                                    \
+    case 3: CALL(3); END;                                                                                    \
+    case 4: CALL(4); END;                                                                                    \
+    case 5: CALL(5); END;                                                                                    \
+    case 6: CALL(6); END;                                                                                    \
+    case 7: CALL(7); END;                                                                                    \
+    case 8: CALL(8); END;
 #define SP_FOR_REP(CALL)                                                                                     \
-    switch (rep) {                                                                                           \
-    case 1: CALL(1); return;                                                                                 \
-    case 2: CALL(2); return;                                                                                 \
-    case 3: CALL(3); return;                                                                                 \
-    case 4: CALL(4); return;                                                                                 \
-    case 5: CALL(5); return;                                                                                 \
-    case 6: CALL(6); return;                                                                                 \
-    case 7: CALL(7); return;                                                                                 \
-    case 8: CALL(8); return;                                                                                 \
-    }
+    switch (rep) { SP_REP_CASES(CALL, return) }
 #endif
 
 static void key_scores(const uint8_t *kp, const int64_t *kcs, int bits, int64_t D, int64_t rep, int64_t n,
@@ -275,9 +291,38 @@ static void value_accumulate(const uint8_t *vp, const int64_t *vcs, int bits, in
     values_generic(vp, vcs[3], vcs[0], bits, D, gv, rep, t0, t1, w, acc, c);
 }
 
+/* Any layout (contract.PackedRead): value[b, h, t, d] = lut[code] * scale[b, h, t / tg, d / cg] + zero[same], the
+ * codes bit-planes [bits, B, H, T, D/8] or bytes [B, H, T, D] (last dim contiguous), scale / zero fp16 or fp32
+ * with any strides (0 for a constant), rope (cos, sin) float32 [B, T, R/2] for keys stored before RoPE.
+ * cpu_kernels.py passes one as pointers [codes, lut, scale, zero, cos, sin] (zero, cos, sin may be NULL) and
+ * int64 fields indexed by the SP_R_* names below (strides in elements); `offset` is used when SP_R_AFFINE is set
+ * (lut[c] = c - offset, computed rather than looked up). */
+enum {
+    SP_R_BYTES, SP_R_BITS, SP_R_TG, SP_R_CG, SP_R_AFFINE, SP_R_SCALE32, SP_R_ZERO32, SP_R_ROPE, /* R, 0 = none */
+    SP_R_CS = 8,  /* code strides: plane (0 for bytes), batch, head, token */
+    SP_R_SS = 12, /* scale strides: batch, head, token group, channel group */
+    SP_R_ZS = 16, /* zero strides */
+    SP_R_RS = 20, /* cos / sin strides: batch, token (the last dim contiguous) */
+    SP_R_FIELDS = 22
+};
+
+#define SP_MAXCHUNKS 128 /* head dims up to 1024 on the generic path */
+typedef struct {
+    const uint8_t *codes;
+    const float *lut, *cos, *sin;
+    const char *scale, *zero;
+    int bytes, bits, affine, s32, z32, smode, zmode; /* smode / zmode: how 8 channels' parameters load (below) */
+    int64_t tg, cg, R, cs[4], ss[4], zs[4], rs[2];
+    float offset;
+    int64_t soff[SP_MAXCHUNKS], zoff[SP_MAXCHUNKS]; /* broadcast: each 8 channels' parameter offset in its row */
+} read_t;
+
+enum { SP_P_BROADCAST, SP_P_VECTOR, SP_P_EXPAND }; /* one parameter per 8 channels; 8 contiguous; anything else */
+
 /* One decode step is cut into items, (sequence, KV head, slice of the packed tokens); the last slice of a
  * head also takes the full-precision tail. Each item leaves its unnormalised output with its softmax max and
- * sum, and the slices of a head are merged by log-sum-exp (split-K), so threads share even one long head. */
+ * sum, and the slices of a head are merged by log-sum-exp (split-K), so threads share even one long head.
+ * mask (NULL = every token): uint8 [B, T + Tt], 0 = not read. `any` selects the generic path (reads k, v). */
 typedef struct {
     int64_t B, Hq, H, D, T, Tt;
     const float *q;
@@ -291,10 +336,15 @@ typedef struct {
     float *partial; /* [items, rep, D + 2]: unnormalised output, max, sum */
     int64_t next;   /* the next item to take (atomic) */
     int failed;
+    const uint8_t *mask;
+    int any;
+    read_t k, v;
 } job_t;
 
 static size_t item_scratch(const job_t *j) {
     const int64_t rep = j->Hq / j->H, ng = j->D / j->gv;
+    if (j->any) /* scores, q * scaling, accumulators, a tile, four expanded parameter rows */
+        return sizeof(float) * (size_t)(rep * (j->chunk + j->Tt) + 2 * rep * j->D + SP_VBLOCK * j->D + 4 * j->D);
     return sizeof(float) * (size_t)(rep * (j->chunk + j->Tt) + 3 * rep * j->D + j->D + rep * ng * (SP_VBLOCK + 1) + rep +
                                    2 * ng * SP_VBLOCK);
 }
@@ -333,6 +383,12 @@ static void run_item(const job_t *j, int64_t item, float *buf) {
     const float *kth = j->kt + (b * H + h) * j->Tt * D, *vth = j->vt + (b * H + h) * j->Tt * D;
     for (int64_t t = 0; t < tail; t++)
         for (int64_t r = 0; r < rep; r++) s[r * n + m + t] = dot(qh + r * D, kth + t * D, D) * j->scaling;
+    if (j->mask) { /* tokens not read score -inf: weight 0 (their codes and scales are finite) */
+        const uint8_t *mk = j->mask + b * (j->T + j->Tt);
+        for (int64_t t = 0; t < n; t++)
+            if (!mk[t < m ? lo + t : j->T + t - m])
+                for (int64_t r = 0; r < rep; r++) s[r * n + t] = -INFINITY;
+    }
     float *out = j->partial + item * rep * (D + 2);
     for (int64_t r = 0; r < rep; r++) /* exp(s - max), normalised after the merge */
         out[r * (D + 2) + D + 1] = softmax_unnormalised(s + r * n, n, out + r * (D + 2) + D);
@@ -374,6 +430,242 @@ static void run_item(const job_t *j, int64_t item, float *buf) {
         for (int64_t d = 0; d < D; d++) out[r * (D + 2) + d] = acc[r * D + d] + zs[r * ng + d / j->gv];
 }
 
+/* ---- any layout: tiles of dequantized tokens in a per-thread scratch ---- */
+
+static inline float param(const char *p, int f32, int64_t i) {
+    return f32 ? ((const float *)p)[i] : h2f(((const uint16_t *)p)[i]);
+}
+
+/* The parameters of one token group for every channel (d / cg, any stride): out[D]. */
+static void expand_params(const char *p, int f32, int64_t stride, int64_t cg, int64_t D, float *out) {
+    for (int64_t d = 0; d < D; d++) out[d] = param(p, f32, d / cg * stride);
+}
+
+/* The scale and zero-point rows of token t's group (zp NULL without zero-points); ps / pz hold the expanded
+ * parameters of the last group seen (*last: its scale row) where 8 channels' parameters are neither one value
+ * nor 8 contiguous ones. */
+static inline void row_params(const read_t *r, int64_t b, int64_t h, int64_t t, int64_t D, const char **sp,
+                              const char **zp, float *ps, float *pz, const char **last) {
+    const int64_t g = t / r->tg;
+    *sp = r->scale + (b * r->ss[0] + h * r->ss[1] + g * r->ss[2]) * (r->s32 ? 4 : 2);
+    *zp = r->zero ? r->zero + (b * r->zs[0] + h * r->zs[1] + g * r->zs[2]) * (r->z32 ? 4 : 2) : NULL;
+    if ((r->smode == SP_P_EXPAND || r->zmode == SP_P_EXPAND) && *sp != *last) {
+        expand_params(*sp, r->s32, r->ss[3], r->cg, D, ps);
+        if (*zp) expand_params(*zp, r->z32, r->zs[3], r->cg, D, pz);
+        *last = *sp;
+    }
+}
+
+#ifdef SP_AVX2
+static inline __m256 param8(const char *p, int f32, int mode, int64_t off, int64_t j, const float *expanded) {
+    if (mode == SP_P_BROADCAST) return _mm256_set1_ps(param(p, f32, off));
+    if (mode == SP_P_VECTOR) {
+        if (f32) return _mm256_loadu_ps((const float *)p + 8 * j);
+#ifdef __F16C__
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * j)));
+#else
+        float x[8];
+        for (int i = 0; i < 8; i++) x[i] = param(p, 0, 8 * j + i);
+        return _mm256_loadu_ps(x);
+#endif
+    }
+    return _mm256_loadu_ps(expanded + 8 * j);
+}
+
+/* channels 8j .. 8j+7 of the token whose codes start at c, dequantized */
+static inline __m256 dq8(const read_t *r, const uint8_t *c, int64_t j, const char *sp, const char *zp,
+                         const float *ps, const float *pz) {
+    uint64_t w = 0;
+    if (r->bytes)
+        memcpy(&w, c + 8 * j, 8);
+    else
+        for (int k = 0; k < r->bits; k++) w |= SPREAD[c[k * r->cs[0] + j]] << k;
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)w));
+    const __m256 v = r->affine ? _mm256_sub_ps(_mm256_cvtepi32_ps(idx), _mm256_set1_ps(r->offset))
+                               : _mm256_i32gather_ps(r->lut, idx, 4);
+    const __m256 sv = param8(sp, r->s32, r->smode, r->soff[j], j, ps);
+    if (!zp) return _mm256_mul_ps(v, sv);
+    return _mm256_fmadd_ps(v, sv, param8(zp, r->z32, r->zmode, r->zoff[j], j, pz));
+}
+#endif
+
+/* Token t of the read (b, h) dequantized into row[D], RoPE applied. */
+static void dequant_row(const read_t *r, int64_t b, int64_t h, int64_t t, int64_t D, float *row, float *ps,
+                        float *pz, const char **last) {
+    const uint8_t *c = r->codes + b * r->cs[1] + h * r->cs[2] + t * r->cs[3];
+    const char *sp, *zp;
+    row_params(r, b, h, t, D, &sp, &zp, ps, pz, last);
+#ifdef SP_AVX2
+    for (int64_t j = 0; j < D / 8; j++) _mm256_storeu_ps(row + 8 * j, dq8(r, c, j, sp, zp, ps, pz));
+#else
+    for (int64_t j = 0; j < D / 8; j++) {
+        uint8_t b8[8];
+        if (r->bytes) {
+            memcpy(b8, c + 8 * j, 8);
+        } else {
+            uint64_t w = 0;
+            for (int k = 0; k < r->bits; k++) w |= SPREAD[c[k * r->cs[0] + j]] << k;
+            memcpy(b8, &w, 8);
+        }
+        for (int i = 0; i < 8; i++) {
+            const int64_t d = 8 * j + i, k = d / r->cg;
+            const float v = r->affine ? (float)b8[i] - r->offset : r->lut[b8[i]];
+            const float sv = r->smode == SP_P_EXPAND ? ps[d] : param(sp, r->s32, k * r->ss[3]);
+            const float zv = !zp ? 0.0f : (r->zmode == SP_P_EXPAND ? pz[d] : param(zp, r->z32, k * r->zs[3]));
+            row[d] = v * sv + zv;
+        }
+    }
+#endif
+    if (r->R) { /* rotate-half RoPE over the first R channels, at this token's position */
+        const int64_t half = r->R / 2;
+        const float *cs = r->cos + b * r->rs[0] + t * r->rs[1], *sn = r->sin + b * r->rs[0] + t * r->rs[1];
+#pragma omp simd
+        for (int64_t d = 0; d < half; d++) {
+            const float x1 = row[d], x2 = row[d + half];
+            row[d] = x1 * cs[d] - x2 * sn[d];
+            row[d + half] = x2 * cs[d] + x1 * sn[d];
+        }
+    }
+}
+
+/* Keys without RoPE: token t dequantized in registers straight into the REP scores s[r * n] (q * scaling in qs) */
+static inline __attribute__((always_inline)) int fused_key_scores(const read_t *r, int64_t b, int64_t h, int64_t t,
+                                                                  int64_t D, const float *qs, const int64_t REP,
+                                                                  float *s, int64_t n, float *ps, float *pz,
+                                                                  const char **last) {
+#ifdef SP_AVX2
+    if (REP <= SP_MAXREP && !r->R) {
+        const uint8_t *c = r->codes + b * r->cs[1] + h * r->cs[2] + t * r->cs[3];
+        const char *sp, *zp;
+        row_params(r, b, h, t, D, &sp, &zp, ps, pz, last);
+        __m256 acc[SP_MAXREP];
+        for (int64_t i = 0; i < REP; i++) acc[i] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < D / 8; j++) {
+            const __m256 v = dq8(r, c, j, sp, zp, ps, pz);
+            for (int64_t i = 0; i < REP; i++) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + i * D + 8 * j), v, acc[i]);
+        }
+        for (int64_t i = 0; i < REP; i++) s[i * n] = hsum(acc[i]);
+        return 1;
+    }
+#endif
+    (void)r, (void)b, (void)h, (void)t, (void)D, (void)qs, (void)REP, (void)s, (void)n, (void)ps, (void)pz, (void)last;
+    return 0;
+}
+
+/* s[r * n] = qs[r] . row for the REP query heads (scaling already in qs) */
+static inline __attribute__((always_inline)) void row_scores(const float *row, const float *qs, int64_t D,
+                                                             const int64_t REP, float *s, int64_t n) {
+#ifdef SP_AVX2
+    if (REP <= SP_MAXREP) {
+        __m256 acc[SP_MAXREP];
+        for (int64_t r = 0; r < REP; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < D / 8; j++) {
+            const __m256 v = _mm256_loadu_ps(row + 8 * j);
+            for (int64_t r = 0; r < REP; r++) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + r * D + 8 * j), v, acc[r]);
+        }
+        for (int64_t r = 0; r < REP; r++) s[r * n] = hsum(acc[r]);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < REP; r++) s[r * n] = dot(qs + r * D, row, D);
+}
+
+/* acc[r] += p[r * n + t] * tile[t] over the nt tokens of a tile */
+static inline __attribute__((always_inline)) void tile_values(const float *tile, int64_t nt, const float *p,
+                                                              int64_t n, int64_t D, const int64_t REP, float *acc) {
+#ifdef SP_AVX2
+    if (REP <= SP_MAXREP) {
+        for (int64_t j = 0; j < D / 8; j++) {
+            __m256 a[SP_MAXREP];
+            for (int64_t r = 0; r < REP; r++) a[r] = _mm256_loadu_ps(acc + r * D + 8 * j);
+            for (int64_t t = 0; t < nt; t++) {
+                const __m256 v = _mm256_loadu_ps(tile + t * D + 8 * j);
+                for (int64_t r = 0; r < REP; r++) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * n + t), v, a[r]);
+            }
+            for (int64_t r = 0; r < REP; r++) _mm256_storeu_ps(acc + r * D + 8 * j, a[r]);
+        }
+        return;
+    }
+#endif
+    for (int64_t t = 0; t < nt; t++)
+        for (int64_t r = 0; r < REP; r++) {
+            const float w = p[r * n + t], *v = tile + t * D;
+            float *a = acc + r * D;
+#pragma omp simd
+            for (int64_t d = 0; d < D; d++) a[d] += w * v[d];
+        }
+}
+
+#ifdef SP_AVX2 /* REP a constant where the accumulators fit in registers */
+#define SP_ANY_FOR_REP(CALL)                                                                                 \
+    switch (rep) {                                                                                           \
+        SP_REP_CASES(CALL, break)                                                                            \
+    default: CALL(rep);                                                                                      \
+    }
+#else
+#define SP_ANY_FOR_REP(CALL) CALL(rep);
+#endif
+
+static void run_item_any(const job_t *j, int64_t item, float *buf) {
+    const int64_t D = j->D, H = j->H, rep = j->Hq / H;
+    const int64_t b = item / (H * j->nsplit), h = item / j->nsplit % H, sp = item % j->nsplit;
+    const int64_t lo = sp * j->chunk, hi = lo + j->chunk < j->T ? lo + j->chunk : j->T;
+    const int64_t m = hi > lo ? hi - lo : 0, tail = sp == j->nsplit - 1 ? j->Tt : 0, n = m + tail;
+    float *s = buf, *qs = s + rep * n, *acc = qs + rep * D, *tile = acc + rep * D, *kps = tile + SP_VBLOCK * D,
+          *kpz = kps + D, *vps = kpz + D, *vpz = vps + D;
+    const char *klast = NULL, *vlast = NULL;
+    const uint8_t *mk = j->mask ? j->mask + b * (j->T + j->Tt) : NULL;
+    const float *qh = j->q + (b * j->Hq + h * rep) * D;
+    for (int64_t i = 0; i < rep * D; i++) qs[i] = qh[i] * j->scaling;
+    /* scores: a key row at a time (dequantized, rotated), against every query head of the KV head */
+    for (int64_t t = 0; t < m; t++) {
+        if (mk && !mk[lo + t]) {
+            for (int64_t r = 0; r < rep; r++) s[r * n + t] = -INFINITY;
+            continue;
+        }
+#define SP_FUSED(R) fused = fused_key_scores(&j->k, b, h, lo + t, D, qs, R, s + t, n, kps, kpz, &klast)
+        int fused = 0;
+        SP_ANY_FOR_REP(SP_FUSED)
+#undef SP_FUSED
+        if (fused) continue;
+        dequant_row(&j->k, b, h, lo + t, D, tile, kps, kpz, &klast);
+#define SP_SCORES(R) row_scores(tile, qs, D, R, s + t, n)
+        SP_ANY_FOR_REP(SP_SCORES)
+#undef SP_SCORES
+    }
+    const float *kth = j->kt + (b * H + h) * j->Tt * D, *vth = j->vt + (b * H + h) * j->Tt * D;
+    for (int64_t t = 0; t < tail; t++)
+        for (int64_t r = 0; r < rep; r++)
+            s[r * n + m + t] = mk && !mk[j->T + t] ? -INFINITY : dot(qs + r * D, kth + t * D, D);
+    float *out = j->partial + item * rep * (D + 2);
+    for (int64_t r = 0; r < rep; r++) /* exp(s - max), normalised after the merge */
+        out[r * (D + 2) + D + 1] = softmax_unnormalised(s + r * n, n, out + r * (D + 2) + D);
+    memset(acc, 0, sizeof(float) * (size_t)(rep * D));
+    /* values: tiles of SP_VBLOCK dequantized tokens (tokens not read: zero rows, weight 0) */
+    for (int64_t t0 = 0; t0 < m; t0 += SP_VBLOCK) {
+        const int64_t nt = t0 + SP_VBLOCK < m ? SP_VBLOCK : m - t0;
+        int64_t read = 0;
+        for (int64_t t = 0; t < nt; t++) {
+            if (mk && !mk[lo + t0 + t]) {
+                memset(tile + t * D, 0, sizeof(float) * (size_t)D);
+                continue;
+            }
+            dequant_row(&j->v, b, h, lo + t0 + t, D, tile + t * D, vps, vpz, &vlast);
+            read++;
+        }
+        if (!read) continue;
+#define SP_VALUES(R) tile_values(tile, nt, s + t0, n, D, R, acc)
+        SP_ANY_FOR_REP(SP_VALUES)
+#undef SP_VALUES
+    }
+    if (tail) {
+#define SP_TAIL(R) tile_values(vth, tail, s + m, n, D, R, acc)
+        SP_ANY_FOR_REP(SP_TAIL)
+#undef SP_TAIL
+    }
+    for (int64_t r = 0; r < rep; r++) memcpy(out + r * (D + 2), acc + r * D, sizeof(float) * (size_t)D);
+}
+
 static void worker(job_t *j) {
     float *buf = malloc(item_scratch(j));
     if (!buf) {
@@ -383,7 +675,10 @@ static void worker(job_t *j) {
     for (;;) {
         const int64_t item = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
         if (item >= j->items) break;
-        run_item(j, item, buf);
+        if (j->any)
+            run_item_any(j, item, buf);
+        else
+            run_item(j, item, buf);
     }
     free(buf);
 }
@@ -463,52 +758,92 @@ static void run_job(job_t *j, int helpers) {
     pthread_mutex_unlock(&pool.busy);
 }
 
-/* One query per sequence over the packed cache plus a full-precision tail (reference.decode_attention).
- * kcs / vcs: strides of [bits, B, H, T, D/8]; kss, kzs: [B, H, T/G, D]; vss, vzs: [B, H, T, D/g].
- * q [B, Hq, D], tails [B, H, Tt, D] fp32 contiguous; out [B, Hq, D]. Long contexts are cut into items for
- * `threads` threads (this one and the pool's); the cut depends on `threads` only, never on how many workers run
- * it. Returns 0, or -1 without memory. */
-int sp_decode_attention(int64_t B, int64_t Hq, int64_t H, int64_t D, int64_t T, int64_t Tt, const float *q,
-                        const uint8_t *kc, const int64_t *kcs, const uint16_t *ks, const int64_t *kss,
-                        const uint16_t *kz, const int64_t *kzs, const uint8_t *vc, const int64_t *vcs,
-                        const uint16_t *vs, const int64_t *vss, const uint16_t *vz, const int64_t *vzs,
-                        const float *kt, const float *vt, int64_t bits_k, int64_t bits_v, int64_t gk, int64_t gv,
-                        float scaling, float *out, int64_t threads) {
-    const int64_t rep = Hq / H;
-    job_t j = {B, Hq, H, D, T, Tt, q, kc, vc, kcs, kss, kzs, vcs, vss, vzs, ks, kz, vs, vz, kt, vt,
-               (int)bits_k, (int)bits_v, gk, gv, T, 1, B * H, scaling, NULL, 0, 0};
+/* Cuts the job into items for `threads` threads (this one and the pool's; the cut depends on `threads` only, never
+ * on how many workers run it: slices of `align` tokens), runs them and merges the slices of each head by
+ * log-sum-exp into out [B, Hq, D]. Returns 0, or -1 without memory. */
+static int run_decode(job_t *j, int64_t threads, int64_t align, float *out) {
+    const int64_t B = j->B, H = j->H, T = j->T, D = j->D, rep = j->Hq / H;
+    j->chunk = T, j->nsplit = 1, j->items = B * H;
     if (threads > SP_MAXTHREADS) threads = SP_MAXTHREADS;
-    if (threads > 1 && B * H * T >= SP_PARALLEL_WORK) { /* about four items per thread, whole key groups each */
-        j.nsplit = (4 * threads + B * H - 1) / (B * H);
-        j.chunk = ((T + j.nsplit - 1) / j.nsplit + gk - 1) / gk * gk;
-        j.nsplit = (T + j.chunk - 1) / j.chunk;
-        j.items = B * H * j.nsplit;
+    if (threads > 1 && B * H * T >= SP_PARALLEL_WORK) { /* about four items per thread */
+        j->nsplit = (4 * threads + B * H - 1) / (B * H);
+        j->chunk = ((T + j->nsplit - 1) / j->nsplit + align - 1) / align * align;
+        j->nsplit = (T + j->chunk - 1) / j->chunk;
+        j->items = B * H * j->nsplit;
     } else {
         threads = 1;
     }
-    j.partial = malloc(sizeof(float) * (size_t)(j.items * rep * (D + 2)));
-    if (!j.partial) return -1;
-    run_job(&j, (int)threads - 1);
-    if (j.failed) {
-        free(j.partial);
+    j->partial = malloc(sizeof(float) * (size_t)(j->items * rep * (D + 2)));
+    if (!j->partial) return -1;
+    run_job(j, (int)threads - 1);
+    if (j->failed) {
+        free(j->partial);
         return -1;
     }
     for (int64_t bh = 0; bh < B * H; bh++) /* merge the slices of each head by log-sum-exp */
         for (int64_t r = 0; r < rep; r++) {
-            const float *p0 = j.partial + (bh * j.nsplit * rep + r) * (D + 2);
+            const float *p0 = j->partial + (bh * j->nsplit * rep + r) * (D + 2);
             float mx = -INFINITY, sum = 0.0f;
-            for (int64_t sp = 0; sp < j.nsplit; sp++) mx = fmaxf(mx, p0[sp * rep * (D + 2) + D]);
+            for (int64_t sp = 0; sp < j->nsplit; sp++) mx = fmaxf(mx, p0[sp * rep * (D + 2) + D]);
             float *o = out + (bh * rep + r) * D;
             for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-            for (int64_t sp = 0; sp < j.nsplit; sp++) {
-                const float *p = p0 + sp * rep * (D + 2), f = expf(p[D] - mx);
+            for (int64_t sp = 0; sp < j->nsplit; sp++) {
+                const float *p = p0 + sp * rep * (D + 2), f = p[D] == -INFINITY ? 0.0f : expf(p[D] - mx);
                 sum += f * p[D + 1];
                 for (int64_t d = 0; d < D; d++) o[d] += f * p[d];
             }
-            for (int64_t d = 0; d < D; d++) o[d] /= sum;
+            for (int64_t d = 0; d < D; d++) o[d] /= sum; /* every token masked: 0 / 0, as the reference's softmax */
         }
-    free(j.partial);
+    free(j->partial);
     return 0;
+}
+
+/* One query per sequence over the packed cache plus a full-precision tail (reference.decode_attention), KIVI
+ * layouts: kcs / vcs: strides of [bits, B, H, T, D/8]; kss, kzs: [B, H, T/G, D]; vss, vzs: [B, H, T, D/g] fp16.
+ * q [B, Hq, D], tails [B, H, Tt, D] fp32 contiguous; mask uint8 [B, T + Tt] or NULL; out [B, Hq, D]. Long contexts
+ * are cut into items of whole key groups for `threads` threads. Returns 0, or -1 without memory. */
+int sp_decode_attention(int64_t B, int64_t Hq, int64_t H, int64_t D, int64_t T, int64_t Tt, const float *q,
+                        const uint8_t *kc, const int64_t *kcs, const uint16_t *ks, const int64_t *kss,
+                        const uint16_t *kz, const int64_t *kzs, const uint8_t *vc, const int64_t *vcs,
+                        const uint16_t *vs, const int64_t *vss, const uint16_t *vz, const int64_t *vzs,
+                        const float *kt, const float *vt, const uint8_t *mask, int64_t bits_k, int64_t bits_v,
+                        int64_t gk, int64_t gv, float scaling, float *out, int64_t threads) {
+    job_t j = {B, Hq, H, D, T, Tt, q, kc, vc, kcs, kss, kzs, vcs, vss, vzs, ks, kz, vs, vz, kt, vt,
+               (int)bits_k, (int)bits_v, gk, gv, T, 1, B * H, scaling, NULL, 0, 0, mask, 0, {0}, {0}};
+    return run_decode(&j, threads, gk, out);
+}
+
+static void read_of(read_t *r, const void *const *ptrs, const int64_t *f, float offset, int64_t D) {
+    memset(r, 0, sizeof(*r));
+    r->codes = ptrs[0], r->lut = ptrs[1], r->scale = ptrs[2], r->zero = ptrs[3], r->cos = ptrs[4], r->sin = ptrs[5];
+    r->bytes = (int)f[SP_R_BYTES], r->bits = (int)f[SP_R_BITS], r->affine = (int)f[SP_R_AFFINE];
+    r->s32 = (int)f[SP_R_SCALE32], r->z32 = (int)f[SP_R_ZERO32];
+    r->tg = f[SP_R_TG], r->cg = f[SP_R_CG], r->R = f[SP_R_ROPE], r->offset = offset;
+    for (int i = 0; i < 4; i++) r->cs[i] = f[SP_R_CS + i], r->ss[i] = f[SP_R_SS + i], r->zs[i] = f[SP_R_ZS + i];
+    r->rs[0] = f[SP_R_RS], r->rs[1] = f[SP_R_RS + 1];
+    r->smode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->ss[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);
+    r->zmode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->zs[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);
+    for (int64_t j = 0; j < D / 8 && j < SP_MAXCHUNKS; j++) {
+        r->soff[j] = 8 * j / r->cg * r->ss[3];
+        r->zoff[j] = 8 * j / r->cg * r->zs[3];
+    }
+}
+
+/* The same over any layout (contract.PackedRead, read_t above): kp / vp the pointers, kf / vf the SP_R_* fields
+ * (SP_R_FIELDS of them), koff / voff the affine offsets; D a multiple of 8. Per (sequence, KV head, slice of the
+ * tokens): key rows dequantized (and rotated) one at a time against every query head, value tiles of SP_VBLOCK
+ * tokens; tokens the mask excludes are neither dequantized nor read. Returns 0, -1 without memory, -2 for a head dim over
+ * 8 * SP_MAXCHUNKS. */
+int sp_decode_packed(int64_t B, int64_t Hq, int64_t H, int64_t D, int64_t T, int64_t Tt, const float *q,
+                     const void *const *kp, const int64_t *kf, float koff, const void *const *vp, const int64_t *vf,
+                     float voff, const float *kt, const float *vt, const uint8_t *mask, float scaling, float *out,
+                     int64_t threads) {
+    job_t j = {B, Hq, H, D, T, Tt, q, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, kt, vt,
+               0, 0, 1, D, T, 1, B * H, scaling, NULL, 0, 0, mask, 1, {0}, {0}};
+    if (D > 8 * SP_MAXCHUNKS) return -2;
+    read_of(&j.k, kp, kf, koff, D);
+    read_of(&j.v, vp, vf, voff, D);
+    return run_decode(&j, threads, SP_VBLOCK, out);
 }
 
 /* Codes of a packed range as floats minus `offset` (reference.unpack_float): codes [bits, B, H, T, D/8]

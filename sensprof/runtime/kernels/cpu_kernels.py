@@ -6,7 +6,8 @@ then loaded with ctypes: no torch headers, well under a second to build. ctypes 
 C prototypes, so every function's argument and return types are declared in SIGNATURES (a test compares
 them with cpu_kernels.c), and a library whose sp_abi_version() is not ABI_VERSION is refused.
 `available()` says why the kernels cannot be used (no compiler, a failed or stale build), and `select`
-then falls back to the reference.
+then falls back to the reference. decode_attention reads every PackedRead layout itself (the KIVI layouts through
+their fused loops, the others tile by tile), with the read mask and RoPE.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAGS = ["-O3", "-std=gnu11", "-pthread", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-fopenmp-simd"]
 _NATIVE = ["-march=native"]
 _MAX_TOKEN_DIM = 1024  # sp_quantize_pack_tokens keeps one row of codes on the stack
-ABI_VERSION = 1  # = SP_ABI_VERSION in cpu_kernels.c: bump both whenever a signature below changes
+_MAX_PACKED_DIM = 1024  # sp_decode_packed: SP_MAXCHUNKS * 8
+ABI_VERSION = 2  # = SP_ABI_VERSION in cpu_kernels.c: bump both whenever a signature below changes
 
 _P, _I64, _F32, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
@@ -48,9 +50,12 @@ SIGNATURES = {
     "sp_abi_version": (_INT, []),
     "sp_init": (None, []),
     "sp_decode_attention": (_INT, _params("B Hq H D T Tt", _I64)
-                            + _params("q kc kcs ks kss kz kzs vc vcs vs vss vz vzs kt vt", _P)
+                            + _params("q kc kcs ks kss kz kzs vc vcs vs vss vz vzs kt vt mask", _P)
                             + _params("bits_k bits_v gk gv", _I64) + _params("scaling", _F32)
                             + _params("out", _P) + _params("threads", _I64)),
+    "sp_decode_packed": (_INT, _params("B Hq H D T Tt", _I64) + _params("q kp kf", _P) + _params("koff", _F32)
+                         + _params("vp vf", _P) + _params("voff", _F32) + _params("kt vt mask", _P)
+                         + _params("scaling", _F32) + _params("out", _P) + _params("threads", _I64)),
     "sp_unpack_float": (None, _params("B H T D bits", _I64) + _params("codes cs", _P) + _params("offset", _F32)
                         + _params("out", _P)),
     "sp_dequantize": (None, _params("B H T D bits", _I64) + _params("codes cs scale zero", _P)
@@ -248,23 +253,88 @@ def quantize_pack_channels(x: torch.Tensor, bits: int, group: int) -> tuple[torc
     return codes, scale, zero
 
 
+# The fields of a PackedRead as sp_decode_packed reads them (the SP_R_* enum of cpu_kernels.c, in its order)
+_READ_FIELDS = 22
+_LUT_DTYPES = (torch.float16, torch.float32)
+
+
+def _param(x: torch.Tensor | None) -> torch.Tensor | None:
+    """Scales and zero-points are read as fp16 or fp32 with any strides (0 for a constant): others as fp32."""
+    return x if x is None or x.dtype in _LUT_DTYPES else x.float()
+
+
+def _describe(r: PackedRead, b: int, h: int, t: int, d: int):
+    """(pointers, fields, offset, tensors to keep alive) of a read for sp_decode_packed, or None where the C code
+    cannot read it (then the reference does)."""
+    codes, scale, zero = _row_major(r.codes), _param(r.scale), _param(r.zero)
+    affine = r.offset is not None
+    lut = r.lut.float().contiguous()
+    if (codes.dtype != torch.uint8 or not 1 <= r.bits <= 8 or r.token_group < 1 or r.channel_group < 1
+            or (not affine and lut.numel() < (256 if r.packing == "bytes" else 2 ** r.bits))):
+        return None
+    groups = (-(-t // r.token_group), -(-d // r.channel_group))
+    for x in (scale, zero):  # every index the kernel forms stays inside the tensor
+        if x is not None and (x.dim() != 4 or tuple(x.shape[:2]) != (b, h) or x.shape[2] < groups[0]
+                              or x.shape[3] < groups[1]):
+            return None
+    if r.packing == "bytes":
+        if tuple(codes.shape) != (b, h, t, d):
+            return None
+        cs = (0, *codes.stride()[:3])
+    else:
+        if tuple(codes.shape) != (r.bits, b, h, t, d // 8):
+            return None
+        cs = codes.stride()[:4]
+    cos = sin = None
+    rope, rs = 0, (0, 0)
+    if r.rope is not None:
+        cos, sin = (_row_major(x.float()) for x in r.rope)
+        rope = 2 * cos.shape[-1]
+        if (cos.shape != sin.shape or tuple(cos.shape) != (b, t, rope // 2) or rope > d or cos.stride() != sin.stride()):
+            return None
+        rs = cos.stride()[:2]
+    zs = (0, 0, 0, 0) if zero is None else zero.stride()
+    fields = (int(r.packing == "bytes"), r.bits, r.token_group, r.channel_group, int(affine),
+              int(scale.dtype == torch.float32), int(zero is not None and zero.dtype == torch.float32), rope,
+              *cs, *scale.stride(), *zs, *rs)
+    assert len(fields) == _READ_FIELDS
+    keep = (codes, lut, scale, zero, cos, sin)
+    ptrs = (ctypes.c_void_p * 6)(*[None if x is None else x.data_ptr() for x in keep])
+    return ptrs, (ctypes.c_int64 * _READ_FIELDS)(*fields), float(r.offset or 0.0), keep
+
+
 def decode_attention(q: torch.Tensor, k: PackedRead, v: PackedRead, k_tail: torch.Tensor, v_tail: torch.Tensor, *,
                      scaling: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """KIVI layouts (contract.kivi_keys / kivi_values) through sp_decode_attention's fused loops; any other layout
+    through sp_decode_packed (tiles of dequantized tokens); the reference for what neither reads (GPU tensors, a
+    head dim that is not a multiple of 8, a lut too short for the codes)."""
     b, hq, d = q.shape
-    hkv, t = k.codes.shape[2], k.tokens
-    if (mask is not None or not _readable(q, k.codes, v.codes) or not kivi_keys(k) or not kivi_values(v)
-            or v.tokens != t or hq % hkv):
+    hkv, t, tt = k_tail.shape[1], k.tokens, k_tail.shape[2]
+    tensors = [q, k.codes, v.codes, k_tail, v_tail] + ([] if mask is None else [mask])
+    fallback = (not _readable(*tensors) or v.tokens != t or hq % hkv or d % 8 or k.head_dim != d or v.head_dim != d
+                or d > _MAX_PACKED_DIM
+                or (mask is not None and tuple(mask.shape) != (b, t + tt)))
+    if fallback:
         return reference.decode_attention(q, k, v, k_tail, v_tail, scaling=scaling, mask=mask)
     q = q.float().contiguous()
     k_tail, v_tail = k_tail.float().contiguous(), v_tail.float().contiguous()
-    kc, ks, kz, vc, vs, vz = (_row_major(x) for x in (k.codes, k.scale, k.zero, v.codes, v.scale, v.zero))
+    read_mask = None if mask is None else mask.to(torch.uint8).contiguous()
+    mp = None if read_mask is None else _ptr(read_mask)
     out = torch.empty(b, hq, d, dtype=torch.float32)
-    rc = _lib().sp_decode_attention(
-        b, hq, hkv, d, t, k_tail.shape[2], _ptr(q),
-        _ptr(kc), _strides(kc), _ptr(ks), _strides(ks), _ptr(kz), _strides(kz),
-        _ptr(vc), _strides(vc), _ptr(vs), _strides(vs), _ptr(vz), _strides(vz),
-        _ptr(k_tail), _ptr(v_tail), k.bits, v.bits, k.token_group, v.channel_group, float(scaling), _ptr(out),
-        _threads())
+    if kivi_keys(k) and kivi_values(v):
+        kc, ks, kz, vc, vs, vz = (_row_major(x) for x in (k.codes, k.scale, k.zero, v.codes, v.scale, v.zero))
+        rc = _lib().sp_decode_attention(
+            b, hq, hkv, d, t, tt, _ptr(q),
+            _ptr(kc), _strides(kc), _ptr(ks), _strides(ks), _ptr(kz), _strides(kz),
+            _ptr(vc), _strides(vc), _ptr(vs), _strides(vs), _ptr(vz), _strides(vz),
+            _ptr(k_tail), _ptr(v_tail), mp, k.bits, v.bits, k.token_group, v.channel_group, float(scaling),
+            _ptr(out), _threads())
+    else:
+        kr, vr = _describe(k, b, hkv, t, d), _describe(v, b, hkv, t, d)
+        if kr is None or vr is None:
+            return reference.decode_attention(q, k, v, k_tail, v_tail, scaling=scaling, mask=mask)
+        rc = _lib().sp_decode_packed(b, hq, hkv, d, t, tt, _ptr(q), kr[0], kr[1], kr[2], vr[0], vr[1], vr[2],
+                                     _ptr(k_tail), _ptr(v_tail), mp, float(scaling), _ptr(out), _threads())
     if rc:
-        raise MemoryError("sp_decode_attention could not allocate its work space")
+        raise MemoryError("the decode kernel could not allocate its work space")
     return out
