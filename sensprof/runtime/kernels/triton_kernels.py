@@ -1,11 +1,13 @@
 """Triton versions of the reference kernels, same signatures (contract.py). Imported only when Triton is present.
 
 pack_bitplanes and quantize_pack_* write bit-planes in one pass (a decode step's append is one launch, not
-a handful of PyTorch ops). decode_attention reads the packed cache directly (no dequantized copy): each
-program takes one (sequence, KV head) and one slice of the tokens (split-K), unpacks the bit-planes in
-registers, dequantizes each tile to the query's dtype, computes q.K^T and p.V with tl.dot for all the KV head's
-query heads at once (GQA) and keeps an online softmax; the slices and the full-precision tail are merged by
-log-sum-exp.
+a handful of PyTorch ops). decode_attention reads the packed cache directly (no dequantized copy), in any
+layout contract.PackedRead describes: each program takes one (sequence, KV head) and one slice of the tokens
+(split-K), unpacks the bit-planes (or loads the fp8 bytes) in registers, looks the codes up in their table (or
+subtracts the affine offset), scales them by parameters of any group and stride, rotates keys stored before RoPE,
+dequantizes each tile to the query's dtype, computes q.K^T and p.V with tl.dot for all the KV head's query heads
+at once (GQA) and keeps an online softmax over the tokens the read mask keeps (batch rows of different lengths);
+the slices and the full-precision tail are merged by log-sum-exp.
 Tiles span the head dim, which Triton allows in powers of two only: the writers hand other shapes to the
 reference, and decode_attention declares it (NEEDS_POWER_OF_TWO_HEAD_DIM) so that the caller reads them densely.
 """
@@ -17,7 +19,7 @@ import triton
 import triton.language as tl
 
 from . import reference
-from .contract import PackedRead, kivi_keys, kivi_values
+from .contract import PackedRead
 
 # the dense read path: PyTorch's own GPU kernels do these well
 from .reference import dequantize_channels, dequantize_tokens, unpack_float  # noqa: F401
@@ -139,15 +141,39 @@ def quantize_pack_channels(x: torch.Tensor, bits: int, group: int) -> tuple[torc
 
 
 @triton.jit
-def _unpack_tile(codes_ptr, plane, b_off, h_off, t, tm, d, BITS: tl.constexpr, D: tl.constexpr):
-    """Integer codes [BLOCK_T, D] of tokens t from bit-planes (strided: plane, batch, head; token stride D/8)."""
-    byte_off = b_off + h_off + t[:, None] * (D // 8) + (d[None, :] // 8)
-    bit = d[None, :] % 8
-    c = tl.zeros([t.shape[0], D], dtype=tl.int32)
-    for k in tl.static_range(BITS):
-        byte = tl.load(codes_ptr + k * plane + byte_off, mask=tm[:, None], other=0).to(tl.int32)
-        c += ((byte >> bit) & 1) << k
+def _codes_tile(c_ptr, base, CP, CT, t, tm, ch, BITS: tl.constexpr, BYTES: tl.constexpr):
+    """Integer codes [BLOCK_T, len(ch)] of tokens t at channels ch: bytes (token stride CT), or bit-planes (plane
+    stride CP; plane k holds bit k of eight codes a byte, the first code in the lowest bit)."""
+    if BYTES:
+        c = tl.load(c_ptr + base + t[:, None] * CT + ch[None, :], mask=tm[:, None], other=0).to(tl.int32)
+    else:
+        byte_off = base + t[:, None] * CT + (ch[None, :] // 8)
+        bit = ch[None, :] % 8
+        c = tl.zeros([t.shape[0], ch.shape[0]], dtype=tl.int32)
+        for k in tl.static_range(BITS):
+            byte = tl.load(c_ptr + k * CP + byte_off, mask=tm[:, None], other=0).to(tl.int32)
+            c += ((byte >> bit) & 1) << k
     return c
+
+
+@triton.jit
+def _dequant_tile(c_ptr, lut_ptr, s_ptr, z_ptr, offset, b, h, t, tm, ch,
+                  CP, CB, CH, CT, SB, SH, ST, SC, ZB, ZH, ZT, ZC,
+                  BITS: tl.constexpr, BYTES: tl.constexpr, AFFINE: tl.constexpr, HAS_ZERO: tl.constexpr,
+                  TG: tl.constexpr, CG: tl.constexpr):
+    """lut[code] * scale[b, h, t // TG, ch // CG] + zero[same] as float32 [BLOCK_T, len(ch)] (contract.PackedRead):
+    the code's value computed (code - offset) where AFFINE, else gathered from the table; parameters by strides."""
+    c = _codes_tile(c_ptr, b * CB + h * CH, CP, CT, t, tm, ch, BITS, BYTES)
+    if AFFINE:
+        x = c.to(tl.float32) - offset
+    else:
+        x = tl.load(lut_ptr + c)
+    gt = (t // TG)[:, None]
+    gc = (ch // CG)[None, :]
+    x = x * tl.load(s_ptr + b * SB + h * SH + gt * ST + gc * SC, mask=tm[:, None], other=0.0).to(tl.float32)
+    if HAS_ZERO:
+        x += tl.load(z_ptr + b * ZB + h * ZH + gt * ZT + gc * ZC, mask=tm[:, None], other=0.0).to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -159,16 +185,23 @@ def _dot(a, b, TILE_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _decode_kernel(q_ptr, kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr, m_ptr, l_ptr, acc_ptr,
-                   HKV, T, tokens_per_split, scaling,
-                   KC_P, KC_B, KC_H, KS_B, KS_H, VC_P, VC_B, VC_H, VS_B, VS_H,
-                   D: tl.constexpr, BITS_K: tl.constexpr, BITS_V: tl.constexpr, GK: tl.constexpr,
-                   GV: tl.constexpr, BLOCK_T: tl.constexpr, N_SPLITS: tl.constexpr, N_BLOCKS: tl.constexpr,
+def _decode_kernel(q_ptr, kc_ptr, klut_ptr, ks_ptr, kz_ptr, vc_ptr, vlut_ptr, vs_ptr, vz_ptr, cos_ptr, sin_ptr,
+                   mask_ptr, m_ptr, l_ptr, acc_ptr,
+                   HKV, T, tokens_per_split, scaling, k_offset, v_offset,
+                   KC_P, KC_B, KC_H, KC_T, KS_B, KS_H, KS_T, KS_C, KZ_B, KZ_H, KZ_T, KZ_C,
+                   VC_P, VC_B, VC_H, VC_T, VS_B, VS_H, VS_T, VS_C, VZ_B, VZ_H, VZ_T, VZ_C, R_B, R_T, M_B,
+                   D: tl.constexpr, BITS_K: tl.constexpr, BITS_V: tl.constexpr, K_BYTES: tl.constexpr,
+                   V_BYTES: tl.constexpr, K_AFFINE: tl.constexpr, V_AFFINE: tl.constexpr, K_ZERO: tl.constexpr,
+                   V_ZERO: tl.constexpr, K_TG: tl.constexpr, K_CG: tl.constexpr, V_TG: tl.constexpr,
+                   V_CG: tl.constexpr, ROPE: tl.constexpr, HAS_MASK: tl.constexpr,
+                   BLOCK_T: tl.constexpr, N_SPLITS: tl.constexpr, N_BLOCKS: tl.constexpr,
                    REP: tl.constexpr, REP_P2: tl.constexpr, USE_DOT: tl.constexpr, TILE_DTYPE: tl.constexpr):
-    """One program per (sequence, KV head, split): the KV head's REP query heads share each unpacked tile,
-    so the packed cache is read once, not once per query head. With USE_DOT (every tile side >= 16, as
-    tl.dot needs) q.K^T and p.V run on the tensor cores: tiles dequantized in registers to TILE_DTYPE (the
-    query's fp16/bf16; fp32 in full IEEE precision), accumulated in fp32."""
+    """One program per (sequence, KV head, split) over any packed layout (contract.PackedRead): the KV head's REP
+    query heads share each dequantized tile, so the packed cache is read once, not once per query head. Keys
+    stored before RoPE (ROPE = R > 0) get rotate-half RoPE over their first R channels in the tile (each channel's
+    partner dequantized alongside); tokens the mask excludes score -inf and add nothing. With USE_DOT (every tile
+    side >= 16, as tl.dot needs) q.K^T and p.V run on the tensor cores: tiles dequantized in registers to
+    TILE_DTYPE (the query's fp16/bf16; fp32 in full IEEE precision), accumulated in fp32."""
     pid = tl.program_id(0)  # b * HKV + hkv
     split = tl.program_id(1)
     b = pid // HKV
@@ -185,25 +218,36 @@ def _decode_kernel(q_ptr, kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr, m_ptr,
     for i in range(N_BLOCKS):  # a loop, not unrolled
         t = start + i * BLOCK_T + tl.arange(0, BLOCK_T)
         tm = t < end
-        kc = _unpack_tile(kc_ptr, KC_P, b * KC_B, hkv * KC_H, t, tm, d, BITS_K, D)
-        s_off = b * KS_B + hkv * KS_H + (t // GK)[:, None] * D + d[None, :]
-        ks = tl.load(ks_ptr + s_off, mask=tm[:, None], other=0.0)
-        kz = tl.load(kz_ptr + s_off, mask=tm[:, None], other=0.0)
-        kf = kc.to(tl.float32) * ks.to(tl.float32) + kz.to(tl.float32)  # [BLOCK_T, D]
+        if HAS_MASK:
+            tm = tm & (tl.load(mask_ptr + b * M_B + t, mask=tm, other=0) != 0)
+        kf = _dequant_tile(kc_ptr, klut_ptr, ks_ptr, kz_ptr, k_offset, b, hkv, t, tm, d,
+                           KC_P, KC_B, KC_H, KC_T, KS_B, KS_H, KS_T, KS_C, KZ_B, KZ_H, KZ_T, KZ_C,
+                           BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG)  # [BLOCK_T, D]
+        if ROPE > 0:  # out[d] = x[d] cos - x[d + R/2] sin; out[d + R/2] = x[d + R/2] cos + x[d] sin
+            HALF: tl.constexpr = ROPE // 2
+            partner = tl.where(d < HALF, d + HALF, tl.where(d < ROPE, d - HALF, d))
+            kp = _dequant_tile(kc_ptr, klut_ptr, ks_ptr, kz_ptr, k_offset, b, hkv, t, tm, partner,
+                               KC_P, KC_B, KC_H, KC_T, KS_B, KS_H, KS_T, KS_C, KZ_B, KZ_H, KZ_T, KZ_C,
+                               BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG)
+            rmask = tm[:, None] & (d[None, :] < ROPE)
+            r_off = b * R_B + t[:, None] * R_T + (d % HALF)[None, :]
+            cs = tl.load(cos_ptr + r_off, mask=rmask, other=1.0)
+            sn = tl.load(sin_ptr + r_off, mask=rmask, other=0.0)
+            sign = tl.where(d < HALF, -1.0, 1.0)
+            kf = kf * cs + sign[None, :] * kp * sn
         if USE_DOT:
             s = _dot(q.to(TILE_DTYPE), tl.trans(kf.to(TILE_DTYPE)), TILE_DTYPE) * scaling  # [REP_P2, BLOCK_T]
         else:
             s = tl.sum(q[:, None, :] * kf[None, :, :], axis=2) * scaling
         s = tl.where(tm[None, :], s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.where(m_new == -float("inf"), 1.0, tl.exp(m_i - m_new))  # a split may hold no token
-        p = tl.exp(s - m_new[:, None])
-        p = tl.where(tm[None, :], p, 0.0)
-        vc = _unpack_tile(vc_ptr, VC_P, b * VC_B, hkv * VC_H, t, tm, d, BITS_V, D)
-        v_off = b * VS_B + hkv * VS_H + t[:, None] * (D // GV) + d[None, :] // GV
-        vs = tl.load(vs_ptr + v_off, mask=tm[:, None], other=0.0)
-        vz = tl.load(vz_ptr + v_off, mask=tm[:, None], other=0.0)
-        vf = vc.to(tl.float32) * vs.to(tl.float32) + vz.to(tl.float32)  # [BLOCK_T, D]
+        empty = m_new == -float("inf")  # no token read yet (a split, or masked rows)
+        alpha = tl.where(empty, 1.0, tl.exp(m_i - m_new))
+        p = tl.exp(s - tl.where(empty, 0.0, m_new)[:, None])  # exp(-inf) = 0 for the tokens not read
+        vf = _dequant_tile(vc_ptr, vlut_ptr, vs_ptr, vz_ptr, v_offset, b, hkv, t, tm, d,
+                           VC_P, VC_B, VC_H, VC_T, VS_B, VS_H, VS_T, VS_C, VZ_B, VZ_H, VZ_T, VZ_C,
+                           BITS_V, V_BYTES, V_AFFINE, V_ZERO, V_TG, V_CG)
+        vf = tl.where(tm[:, None], vf, 0.0)  # tokens not read add nothing, whatever their codes
         if USE_DOT:
             pv = _dot(p.to(TILE_DTYPE), vf.to(TILE_DTYPE), TILE_DTYPE)
         else:
@@ -217,27 +261,43 @@ def _decode_kernel(q_ptr, kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr, m_ptr,
     tl.store(acc_ptr + out[:, None] * D + d[None, :], acc, mask=rm[:, None])
 
 
-def _token_sliced(x: torch.Tensor, inner: int) -> torch.Tensor:
-    """The kernel takes any batch/head strides but needs each token's row (and the plane) dense."""
-    ok = x.stride(-1) == 1 and x.stride(-2) == inner
-    return x if ok else x.contiguous()
+def _row_major(x: torch.Tensor) -> torch.Tensor:
+    """The kernel takes any strides but a contiguous last dim of the codes and RoPE tables."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _param(x: torch.Tensor | None) -> torch.Tensor | None:
+    return x if x is None or x.dtype in (torch.float16, torch.float32) else x.float()
+
+
+def _read_args(r: PackedRead, zero_like: torch.Tensor):
+    """(tensors, code strides, scale strides, zero strides, constexprs) of a read for _decode_kernel."""
+    codes, scale, zero = _row_major(r.codes), _param(r.scale), _param(r.zero)
+    bytes_ = r.packing == "bytes"
+    cs = (0, *codes.stride()[:3]) if bytes_ else codes.stride()[:4]
+    zs = (0, 0, 0, 0) if zero is None else zero.stride()
+    lut = r.lut.to(device=codes.device, dtype=torch.float32).contiguous()
+    tensors = (codes, lut, scale, zero_like if zero is None else zero)
+    const = dict(BITS=r.bits, BYTES=bytes_, AFFINE=r.offset is not None, ZERO=zero is not None, TG=r.token_group,
+                 CG=r.channel_group)
+    return tensors, cs, scale.stride(), zs, const, float(r.offset or 0.0)
 
 
 def decode_attention(q: torch.Tensor, k: PackedRead, v: PackedRead, k_tail: torch.Tensor, v_tail: torch.Tensor, *,
                      scaling: float, mask: torch.Tensor | None = None) -> torch.Tensor:
-    if mask is not None or not kivi_keys(k) or not kivi_values(v) or not _tileable(q.shape[-1]):
-        return reference.decode_attention(q, k, v, k_tail, v_tail, scaling=scaling, mask=mask)
-    return decode_attention_in_splits(q, k, v, k_tail, v_tail, scaling=scaling, n_splits=None)
+    return decode_attention_in_splits(q, k, v, k_tail, v_tail, scaling=scaling, n_splits=None, mask=mask)
 
 
 def decode_attention_in_splits(q: torch.Tensor, k: PackedRead, v: PackedRead, k_tail: torch.Tensor,
-                               v_tail: torch.Tensor, *, scaling: float, n_splits: int | None) -> torch.Tensor:
-    """decode_attention cutting the tokens into `n_splits` slices (None: enough to fill the GPU).
-    Reads views of the packed cache in place (slices along tokens are not copied)."""
-    k_codes, k_scale, k_zero, bits_k, group_k = k.codes, k.scale, k.zero, k.bits, k.token_group
-    v_codes, v_scale, v_zero, bits_v, group_v = v.codes, v.scale, v.zero, v.bits, v.channel_group
+                               v_tail: torch.Tensor, *, scaling: float, n_splits: int | None,
+                               mask: torch.Tensor | None = None) -> torch.Tensor:
+    """decode_attention cutting the tokens into `n_splits` slices (None: enough to fill the GPU). Reads any
+    layout in place (token slices are strided views, not copies); batch rows of different lengths are the mask.
+    Head dims that are not a power of two, and reads whose K and V differ in length, go to the reference."""
     b, hq, d = q.shape
-    hkv, t = k_codes.shape[2], k_codes.shape[3]
+    hkv, t, tt = k_tail.shape[1], k.tokens, k_tail.shape[2]
+    if not _tileable(d) or hq % hkv or v.tokens != t or k.head_dim != d or v.head_dim != d:
+        return reference.decode_attention(q, k, v, k_tail, v_tail, scaling=scaling, mask=mask)
     rep = hq // hkv
     # enough programs to fill the GPU at batch 1 (splits), few enough that merging them stays cheap
     n_splits = n_splits or max(1, min(128, triton.cdiv(t, 512), triton.cdiv(1024, b * hkv)))
@@ -252,26 +312,37 @@ def decode_attention_in_splits(q: torch.Tensor, k: PackedRead, v: PackedRead, k_
     m = torch.full((b * hq, n_splits), -float("inf"), device=q.device, dtype=torch.float32)
     lsum = torch.zeros((b * hq, n_splits), device=q.device, dtype=torch.float32)
     acc = torch.zeros((b * hq, n_splits, d), device=q.device, dtype=torch.float32)
+    if mask is not None:
+        mask = mask.to(device=q.device, dtype=torch.bool)
     if t > 0:
-        kc, vc = _token_sliced(k_codes, d // 8), _token_sliced(v_codes, d // 8)
-        ks, kz = _token_sliced(k_scale, d), _token_sliced(k_zero, d)
-        vs, vz = _token_sliced(v_scale, d // group_v), _token_sliced(v_zero, d // group_v)
-        if ks.stride() != kz.stride():
-            ks, kz = ks.contiguous(), kz.contiguous()
-        if vs.stride() != vz.stride():
-            vs, vz = vs.contiguous(), vz.contiguous()
+        tile_dtype = _TILE_DTYPES.get(q.dtype, tl.float32)
+        qk = q if q.dtype in _TILE_DTYPES else q.float()
+        (kc, klut, ks, kz), kcs, kss, kzs, kk, k_off = _read_args(k, acc)
+        (vc, vlut, vs, vz), vcs, vss, vzs, vk, v_off = _read_args(v, acc)
+        rope, cos, sin, rs = 0, acc, acc, (0, 0)
+        if k.rope is not None:
+            cos, sin = (_row_major(x.to(device=q.device, dtype=torch.float32)) for x in k.rope)
+            if cos.stride() != sin.stride():
+                cos, sin = cos.contiguous(), sin.contiguous()
+            rope, rs = 2 * cos.shape[-1], cos.stride()[:2]
+        mk = acc if mask is None else mask.view(torch.uint8)
         _decode_kernel[(b * hkv, n_splits)](
-            q.contiguous(), kc, ks, kz, vc, vs, vz, m, lsum, acc, hkv, t, per_split, scaling,
-            kc.stride(0), kc.stride(1), kc.stride(2), ks.stride(0), ks.stride(1),
-            vc.stride(0), vc.stride(1), vc.stride(2), vs.stride(0), vs.stride(1),
-            D=d, BITS_K=bits_k, BITS_V=bits_v, GK=group_k, GV=group_v, BLOCK_T=block_t, N_SPLITS=n_splits,
-            N_BLOCKS=blocks, REP=rep, REP_P2=rep_p2, USE_DOT=use_dot, TILE_DTYPE=_TILE_DTYPES[q.dtype])
+            qk.contiguous(), kc, klut, ks, kz, vc, vlut, vs, vz, cos, sin, mk, m, lsum, acc,
+            hkv, t, per_split, scaling, k_off, v_off,
+            *kcs, *kss, *kzs, *vcs, *vss, *vzs, *rs, 0 if mask is None else mk.stride(0),
+            D=d, BITS_K=kk["BITS"], BITS_V=vk["BITS"], K_BYTES=kk["BYTES"], V_BYTES=vk["BYTES"],
+            K_AFFINE=kk["AFFINE"], V_AFFINE=vk["AFFINE"], K_ZERO=kk["ZERO"], V_ZERO=vk["ZERO"], K_TG=kk["TG"],
+            K_CG=kk["CG"], V_TG=vk["TG"], V_CG=vk["CG"], ROPE=rope, HAS_MASK=mask is not None,
+            BLOCK_T=block_t, N_SPLITS=n_splits, N_BLOCKS=blocks, REP=rep, REP_P2=rep_p2, USE_DOT=use_dot,
+            TILE_DTYPE=tile_dtype)
     # the full-precision tail is one more split, done densely
     qf = q.float().reshape(b, hkv, rep, d)
-    if k_tail.shape[2]:
+    if tt:
         s = torch.matmul(qf, k_tail.float().transpose(-1, -2)) * scaling  # [B, Hkv, rep, Tt]
+        if mask is not None:
+            s = s.masked_fill(~mask[:, None, None, t:], -float("inf"))
         mt = s.amax(-1)
-        pt = torch.exp(s - mt[..., None])
+        pt = torch.exp(s - torch.where(torch.isfinite(mt), mt, torch.zeros_like(mt))[..., None])
         m = torch.cat([m, mt.reshape(b * hq, 1)], 1)
         lsum = torch.cat([lsum, pt.sum(-1).reshape(b * hq, 1)], 1)
         acc = torch.cat([acc, torch.matmul(pt, v_tail.float()).reshape(b * hq, 1, d)], 1)
