@@ -1,9 +1,11 @@
 """GPU benchmark of the packed-cache decode kernel and of end-to-end decoding; writes JSON and markdown.
 
-1. Kernel: one decode step of attention over a 4-bit packed cache (int4_c32 keys, int4_t32 values; the
-   Triton kernel reads the packed codes, fp16 scales and zero-points) vs torch SDPA over the bf16 cache,
-   at contexts 8K/32K/128K and batch 1/8/32, for a Llama-3-8B-like layer (32 query heads, 8 KV heads,
-   head_dim 128). Reports time, bytes read, achieved bytes/s and the fraction of the GPU's peak bandwidth.
+1. Kernel: one decode step of attention over a 4-bit packed cache (contract.PackedRead: int4_c32 keys with
+   int4_t32 values, the KIVI layout, and q4_0 keys and values, llama.cpp's signed-max blocks without
+   zero-points; the Triton kernel reads the packed codes, fp16 scales and zero-points) vs torch SDPA over the
+   bf16 cache, at contexts 8K/32K/128K and batch 1/8/32, for a Llama-3-8B-like layer (32 query heads, 8 KV
+   heads, head_dim 128). Reports time, bytes read, achieved bytes/s and the fraction of the GPU's peak
+   bandwidth.
 2. End to end: decode tokens/s of a randomly initialised smollm2-135m-shaped Llama (same speed as the real
    weights) with DynamicCache vs PlannedCache (4-bit plan, Triton kernels), at contexts 1K/4K/8K, batch 1.
 
@@ -51,35 +53,54 @@ def timed(fn, device, iters: int, warmup: int = 3) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def packed_cache(b, hkv, t, d, bits, gk, gv, device, gen):
-    """Random codes and scales in the runtime's layout (what PlannedCache stores), without a float copy."""
+LAYOUTS = ("int4_c32/int4_t32", "q4_0/q4_0")
+
+
+def packed_cache(layout, b, hkv, t, d, device, gen):
+    """Random 4-bit codes and fp16 scales in the runtime's layout (what PlannedCache stores, as the kernels read
+    it: contract.PackedRead), without a float copy: {"k": ..., "v": ...}."""
+    from sensprof.runtime.kernels.contract import PackedRead
+
+    bits, group = 4, 32
+
     def codes():
         return torch.randint(0, 256, (bits, b, hkv, t, d // 8), dtype=torch.uint8, device=device, generator=gen)
 
     def half(*shape):
         return (torch.rand(*shape, device=device, generator=gen) * 0.1).half()
 
-    k = dict(k_codes=codes(), k_scale=half(b, hkv, t // gk, d), k_zero=half(b, hkv, t // gk, d))
-    v = dict(v_codes=codes(), v_scale=half(b, hkv, t, d // gv), v_zero=half(b, hkv, t, d // gv))
-    return {**k, **v}
+    table = torch.arange(2 ** bits, dtype=torch.float32, device=device)
+    if layout == "q4_0/q4_0":  # per token over 32 channels, codes centred on 8, no zero-point
+        def read():
+            return PackedRead(codes=codes(), scale=half(b, hkv, t, d // group), zero=None, lut=table - 8, bits=bits,
+                              token_group=1, channel_group=group, offset=8.0)
+
+        return {"k": read(), "v": read()}
+    k = PackedRead(codes=codes(), scale=half(b, hkv, t // group, d), zero=half(b, hkv, t // group, d), lut=table,
+                   bits=bits, token_group=group, channel_group=1, offset=0.0)
+    v = PackedRead(codes=codes(), scale=half(b, hkv, t, d // group), zero=half(b, hkv, t, d // group), lut=table,
+                   bits=bits, token_group=1, channel_group=group, offset=0.0)
+    return {"k": k, "v": v}
 
 
 def bytes_read(args: dict) -> int:
-    return sum(x.numel() * x.element_size() for k, x in args.items() if k != "q")
+    return sum(x.numel() * x.element_size() for r in args.values() for x in (r.codes, r.scale, r.zero)
+               if x is not None)
 
 
-def time_packed(ops, reference, b, hq, hkv, t, d, device, gen, iters) -> dict:
-    bits, gk, gv = 4, 32, 32
-    args = packed_cache(b, hkv, t, d, bits, gk, gv, device, gen)
-    q = torch.randn(b, hq, d, device=device, generator=gen, dtype=torch.bfloat16)
-    tail = torch.zeros(b, hkv, 0, d, device=device, dtype=torch.bfloat16)
-    kw = dict(bits_k=bits, bits_v=bits, group_k=gk, group_v=gv, scaling=d ** -0.5)
+def time_packed(ops, reference, layout, b, hq, hkv, t, d, device, gen, iters) -> dict:
+    args = packed_cache(layout, b, hkv, t, d, device, gen)
+    # bf16 queries (tiles dequantized to bf16 for tl.dot) on the GPU; fp16 in the interpreter, whose tl.dot on
+    # bf16 tiles is wrong (triton 3.x: numpy has no bf16)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    q = torch.randn(b, hq, d, device=device, generator=gen).to(dtype)
+    tail = torch.zeros(b, hkv, 0, d, device=device, dtype=dtype)
+    kw = dict(k_tail=tail, v_tail=tail, scaling=d ** -0.5)
     row = {}
     if t * b <= 8192:  # correctness on the small shapes: the reference reads the same cache
-        got = ops.decode_attention(q, **args, k_tail=tail, v_tail=tail, **kw)
-        row["max_abs_err_vs_reference"] = float((got - reference.decode_attention(
-            q, **args, k_tail=tail, v_tail=tail, **kw)).abs().max())
-    sec = timed(lambda: ops.decode_attention(q, **args, k_tail=tail, v_tail=tail, **kw), device, iters)
+        got = ops.decode_attention(q, **args, **kw)
+        row["max_abs_err_vs_reference"] = float((got - reference.decode_attention(q, **args, **kw)).abs().max())
+    sec = timed(lambda: ops.decode_attention(q, **args, **kw), device, iters)
     nbytes = bytes_read(args) + q.numel() * q.element_size()
     return {**row, "packed_ms": sec * 1e3, "packed_bytes": nbytes, "packed_bytes_per_s": nbytes / sec}
 
@@ -101,17 +122,24 @@ def kernel_rows(device, contexts, batches, hq, hkv, d, iters):
     rows = []
     for t in contexts:
         for b in batches:
-            row = {"context": t, "batch": b, "q_heads": hq, "kv_heads": hkv, "head_dim": d}
+            shape = {"context": t, "batch": b, "q_heads": hq, "kv_heads": hkv, "head_dim": d}
             try:
-                row.update(time_packed(ops, reference, b, hq, hkv, t, d, device, gen, iters))
-                row.update(time_sdpa(b, hq, hkv, t, d, device, gen, iters))
-                row["speedup"] = row["sdpa_ms"] / row["packed_ms"]
+                sdpa = time_sdpa(b, hq, hkv, t, d, device, gen, iters)
             except torch.OutOfMemoryError as e:  # reported, not fatal
-                row["error"] = f"out of memory: {str(e).splitlines()[0][:80]}"
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+                sdpa = {"error": f"out of memory: {str(e).splitlines()[0][:80]}"}
+            for layout in LAYOUTS:
+                row = {**shape, "layout": layout}
+                try:
+                    row.update(time_packed(ops, reference, layout, b, hq, hkv, t, d, device, gen, iters))
+                    row.update(sdpa)
+                    if "error" not in row:
+                        row["speedup"] = row["sdpa_ms"] / row["packed_ms"]
+                except torch.OutOfMemoryError as e:
+                    row["error"] = f"out of memory: {str(e).splitlines()[0][:80]}"
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     return rows
 
 
@@ -168,16 +196,17 @@ def markdown(meta, kernel, e2e) -> str:
     lines = [f"# Packed-cache decode on {meta['device']} — {meta['date']}", "",
              f"Command: `{meta['command']}`; torch {meta['torch']}, triton {meta['triton']}, "
              f"transformers {meta['transformers']}. Peak bandwidth assumed {meta['peak_bytes_per_s'] or 'unknown'} B/s.",
-             "", "## Decode-attention kernel (int4_c32 K / int4_t32 V, packed) vs SDPA over the bf16 cache", "",
-             "| context | batch | packed ms | packed GB/s | % peak | SDPA bf16 ms | SDPA GB/s | speed-up |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "", "## Decode-attention kernel (4-bit packed K / V) vs SDPA over the bf16 cache", "",
+             "| context | batch | layout (K/V) | packed ms | packed GB/s | % peak | SDPA bf16 ms | SDPA GB/s | speed-up |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     peak = meta["peak_bytes_per_s"]
     for r in kernel:
         if "error" in r:
-            lines.append(f"| {r['context']} | {r['batch']} | {r['error']} |||||")
+            lines.append(f"| {r['context']} | {r['batch']} | {r['layout']} | {r['error']} ||||||")
             continue
         pct = f"{100 * r['packed_bytes_per_s'] / peak:.0f}%" if peak else "n/a"
-        lines.append(f"| {r['context']} | {r['batch']} | {r['packed_ms']:.3f} | {r['packed_bytes_per_s'] / 1e9:.0f} | "
+        lines.append(f"| {r['context']} | {r['batch']} | {r['layout']} | {r['packed_ms']:.3f} | "
+                     f"{r['packed_bytes_per_s'] / 1e9:.0f} | "
                      f"{pct} | {r['sdpa_ms']:.3f} | {r['sdpa_bytes_per_s'] / 1e9:.0f} | {r['speedup']:.2f}x |")
     lines += ["", "## End-to-end decode, batch 1 (random weights, smollm2-135m shape)", "",
               "| cache | context | tokens/s | packed layer-steps |", "|---|---:|---:|---:|"]
