@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..models import model_eager
+from .prefill import PrefillKV
 
 PREFIX = "sensprof_planned_"
 
@@ -53,6 +54,12 @@ def _make_attention(previous: str):
     fallback = _fallback(previous)
 
     def planned_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        if isinstance(key, PrefillKV):
+            if scaling is None:
+                scaling = query.shape[-1] ** -0.5
+            out = key.layer.prefill_attention(fallback, module, query, key, value, attention_mask,
+                                              dict(kwargs, scaling=scaling, dropout=dropout))
+            return out, None
         if isinstance(key, PackedKV):
             layer = key.layer
             if scaling is None:

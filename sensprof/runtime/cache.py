@@ -18,6 +18,7 @@ from .attention import (
     use_planned_attention,
 )
 from .kernels import KernelBackend, PackedRead, select
+from .prefill import PrefillKV, exact_prefill_attention, full_precision_versions
 from .store import TensorStore, runtime_problem
 
 
@@ -48,9 +49,20 @@ class PlannedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        exact = self.packed and n > 1 and not (self.is_sliding and self.k_store.total + n > self.sliding_window)
+        before = (self.k_store.pending_copy(), self.v_store.pending_copy()) if exact else None
         self.k_store.append(key_states)
         self.v_store.append(value_states)
-        if self.packed and key_states.shape[-2] == 1:
+        if exact:  # the prompt's positions read K and V as held when each ran (prefill.py)
+            keys, values = self.dense_kv()
+            k_fp = full_precision_versions(self.k_store, before[0], key_states, keys)
+            v_fp = full_precision_versions(self.v_store, before[1], value_states, values)
+            if self.is_sliding:
+                self.k_store.drop_front(self.sliding_window - 1)
+                self.v_store.drop_front(self.sliding_window - 1)
+            return PrefillKV(self, "k", (keys, k_fp)), PrefillKV(self, "v", (values, v_fp))
+        if self.packed and n == 1:
             if self.is_sliding:  # the step reads the window (this token and window - 1 before it)
                 self.k_store.drop_front(self.sliding_window)
                 self.v_store.drop_front(self.sliding_window)
@@ -62,6 +74,10 @@ class PlannedLayer(DynamicLayer):
             self.k_store.drop_front(self.sliding_window - 1)
             self.v_store.drop_front(self.sliding_window - 1)
         return keys, values
+
+    def prefill_attention(self, fallback, module, query, keys, values, attention_mask, kwargs):
+        return exact_prefill_attention(fallback, module, query, keys.versions, values.versions,
+                                       self.k_store.scheme, self.v_store.scheme, attention_mask, kwargs)
 
     def dense_kv(self):
         return self.k_store.dense(), self.v_store.dense()

@@ -131,6 +131,11 @@ class TensorStore:
         self.dropped = 0  # tokens evicted from the front (sliding windows)
         self.dtype = None
 
+    def pending_copy(self) -> torch.Tensor | None:
+        """The tokens not yet quantized, as they are now (the next append may overwrite the buffer)."""
+        p = self.pending
+        return None if p is None or self.scheme.is_identity else p.clone()
+
     @property
     def pending(self) -> torch.Tensor | None:
         """The tokens not yet due, in the model dtype: [B, H, T, D] (a view, valid until the next append)."""

@@ -27,17 +27,21 @@ def test_packed_decode_reads_the_same_cache_as_the_dense_path(arch, device):
     assert (packed - dense).abs().max() < 1e-5
 
 
-def test_packed_decode_defers_to_the_dense_path_where_the_kernel_does_not_apply(tiny_tokenizer):
-    """fp8 / per-token keys are read densely; a left-padded batch's mask hides tokens, so it is read densely
-    too; either way generate gives the dense path's tokens."""
+def test_packed_decode_reads_every_layout_and_a_left_padded_batch_as_the_dense_read_does(tiny_tokenizer,
+                                                                                         monkeypatch):
+    """fp8 keys, per-token keys and per-channel values, and a left-padded batch (whose mask hides the padding)
+    all decode through the packed kernel, and give the tokens of the same cache read densely at each step."""
+    from sensprof.runtime.cache import PlannedLayer
+
     model = make_tiny_model("llama")
     plan = make_plan(model, [("fp8_e4m3", "int4_t32"), ("int4_c32", "int4_t32"), ("int4_t32", "int4_c32")], [{}] * 3)
     prompts = ["the cat sat on the mat " * 6, "hello"]
     got = generate_with_plan(model, tiny_tokenizer, plan, prompts, max_new_tokens=12)
-    model2 = make_tiny_model("llama")
-    want = generate_with_plan(model2, tiny_tokenizer, plan, prompts, max_new_tokens=12, packed_decode=False)
+    assert got["packed_steps"] == 11 * 3  # every decode step of every layer (the first token comes from prefill)
+    monkeypatch.setattr(PlannedLayer, "packed_decode", lambda self, *args: None)
+    want = generate_with_plan(make_tiny_model("llama"), tiny_tokenizer, plan, prompts, max_new_tokens=12)
+    assert want["packed_steps"] == 0
     assert torch.equal(got["ids"], want["ids"])
-    assert model2.config._attn_implementation == "eager"
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3"])

@@ -343,8 +343,10 @@ typedef struct {
 
 static size_t item_scratch(const job_t *j) {
     const int64_t rep = j->Hq / j->H, ng = j->D / j->gv;
-    if (j->any) /* scores, q * scaling, accumulators, a tile, four expanded parameter rows */
-        return sizeof(float) * (size_t)(rep * (j->chunk + j->Tt) + 2 * rep * j->D + SP_VBLOCK * j->D + 4 * j->D);
+    if (j->any) /* scores, q * scaling, accumulators, a tile, four expanded parameter rows, q * scale, q . zero,
+                 * the zero-points' share per group */
+        return sizeof(float) * (size_t)(rep * (j->chunk + j->Tt) + 3 * rep * j->D + SP_VBLOCK * j->D + 4 * j->D +
+                                        rep * (j->D + 1));
     return sizeof(float) * (size_t)(rep * (j->chunk + j->Tt) + 3 * rep * j->D + j->D + rep * ng * (SP_VBLOCK + 1) + rep +
                                    2 * ng * SP_VBLOCK);
 }
@@ -472,17 +474,22 @@ static inline __m256 param8(const char *p, int f32, int mode, int64_t off, int64
     return _mm256_loadu_ps(expanded + 8 * j);
 }
 
-/* channels 8j .. 8j+7 of the token whose codes start at c, dequantized */
-static inline __m256 dq8(const read_t *r, const uint8_t *c, int64_t j, const char *sp, const char *zp,
-                         const float *ps, const float *pz) {
+/* the code values (table or affine) of channels 8j .. 8j+7 of the token whose codes start at c */
+static inline __m256 raw8(const read_t *r, const uint8_t *c, int64_t j) {
     uint64_t w = 0;
     if (r->bytes)
         memcpy(&w, c + 8 * j, 8);
     else
         for (int k = 0; k < r->bits; k++) w |= SPREAD[c[k * r->cs[0] + j]] << k;
     const __m256i idx = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)w));
-    const __m256 v = r->affine ? _mm256_sub_ps(_mm256_cvtepi32_ps(idx), _mm256_set1_ps(r->offset))
-                               : _mm256_i32gather_ps(r->lut, idx, 4);
+    return r->affine ? _mm256_sub_ps(_mm256_cvtepi32_ps(idx), _mm256_set1_ps(r->offset))
+                     : _mm256_i32gather_ps(r->lut, idx, 4);
+}
+
+/* channels 8j .. 8j+7 of the token whose codes start at c, dequantized */
+static inline __m256 dq8(const read_t *r, const uint8_t *c, int64_t j, const char *sp, const char *zp,
+                         const float *ps, const float *pz) {
+    const __m256 v = raw8(r, c, j);
     const __m256 sv = param8(sp, r->s32, r->smode, r->soff[j], j, ps);
     if (!zp) return _mm256_mul_ps(v, sv);
     return _mm256_fmadd_ps(v, sv, param8(zp, r->z32, r->zmode, r->zoff[j], j, pz));
@@ -540,9 +547,23 @@ static inline __attribute__((always_inline)) int fused_key_scores(const read_t *
         row_params(r, b, h, t, D, &sp, &zp, ps, pz, last);
         __m256 acc[SP_MAXREP];
         for (int64_t i = 0; i < REP; i++) acc[i] = _mm256_setzero_ps();
-        for (int64_t j = 0; j < D / 8; j++) {
-            const __m256 v = dq8(r, c, j, sp, zp, ps, pz);
-            for (int64_t i = 0; i < REP; i++) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + i * D + 8 * j), v, acc[i]);
+        if (r->smode == SP_P_BROADCAST) { /* one scale (and zero-point) per `per` chunks */
+            const int64_t per = r->cg / 8 < D / 8 ? r->cg / 8 : D / 8;
+            for (int64_t j0 = 0; j0 < D / 8; j0 += per) {
+                const __m256 sv = _mm256_set1_ps(param(sp, r->s32, r->soff[j0]));
+                const __m256 zv = zp ? _mm256_set1_ps(param(zp, r->z32, r->zoff[j0])) : _mm256_setzero_ps();
+                for (int64_t j = j0; j < j0 + per; j++) {
+                    const __m256 v = _mm256_fmadd_ps(raw8(r, c, j), sv, zv);
+                    for (int64_t i = 0; i < REP; i++)
+                        acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + i * D + 8 * j), v, acc[i]);
+                }
+            }
+        } else {
+            for (int64_t j = 0; j < D / 8; j++) {
+                const __m256 v = dq8(r, c, j, sp, zp, ps, pz);
+                for (int64_t i = 0; i < REP; i++)
+                    acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + i * D + 8 * j), v, acc[i]);
+            }
         }
         for (int64_t i = 0; i < REP; i++) s[i * n] = hsum(acc[i]);
         return 1;
@@ -596,6 +617,61 @@ static inline __attribute__((always_inline)) void tile_values(const float *tile,
         }
 }
 
+/* Keys whose parameters hold for a group of tokens (per channel): per group, q * scale and q . zero once
+ * (qf, base), then each token's code values against every query head: s[i * n] = base[i] + qf[i] . values. */
+static inline __attribute__((always_inline)) void folded_key_scores(const read_t *r, const uint8_t *c, int64_t D,
+                                                                    const float *qf, const float *base,
+                                                                    const int64_t REP, float *s, int64_t n) {
+#ifdef SP_AVX2
+    if (REP <= SP_MAXREP) {
+        __m256 acc[SP_MAXREP];
+        for (int64_t i = 0; i < REP; i++) acc[i] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < D / 8; j++) {
+            const __m256 v = raw8(r, c, j);
+            for (int64_t i = 0; i < REP; i++) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qf + i * D + 8 * j), v, acc[i]);
+        }
+        for (int64_t i = 0; i < REP; i++) s[i * n] = base[i] + hsum(acc[i]);
+        return;
+    }
+#endif
+    float v[8 * SP_MAXCHUNKS];
+    for (int64_t j = 0; j < D / 8; j++) {
+        uint8_t b8[8];
+        if (r->bytes) {
+            memcpy(b8, c + 8 * j, 8);
+        } else {
+            uint64_t w = 0;
+            for (int k = 0; k < r->bits; k++) w |= SPREAD[c[k * r->cs[0] + j]] << k;
+            memcpy(b8, &w, 8);
+        }
+        for (int i = 0; i < 8; i++) v[8 * j + i] = r->affine ? (float)b8[i] - r->offset : r->lut[b8[i]];
+    }
+    for (int64_t i = 0; i < REP; i++) s[i * n] = base[i] + dot(qf + i * D, v, D);
+}
+
+#ifdef SP_AVX2
+/* Values with one parameter per group of cg channels (cg a multiple of 8: per token, per head, per tensor):
+ * acc[i] += sum over the tile's tokens of (p * scale) * values; p * zero-point summed per group in zs
+ * (added once at the end). rows[t]: the codes of token t, NULL for a token not read. */
+static inline __attribute__((always_inline)) void folded_values(const read_t *r, const uint8_t *const *rows,
+                                                                int64_t nt, const float *w, int64_t D,
+                                                                const int64_t REP, float *acc) {
+    const int64_t ng = D / r->cg > 0 ? D / r->cg : 1, per = r->cg / 8 < D / 8 ? r->cg / 8 : D / 8;
+    for (int64_t j = 0; j < D / 8; j++) {
+        const int64_t g = j / per;
+        __m256 a[SP_MAXREP];
+        for (int64_t i = 0; i < REP; i++) a[i] = _mm256_loadu_ps(acc + i * D + 8 * j);
+        for (int64_t t = 0; t < nt; t++) {
+            if (!rows[t]) continue;
+            const __m256 v = raw8(r, rows[t], j);
+            const float *wt = w + g * SP_VBLOCK + t;
+            for (int64_t i = 0; i < REP; i++) a[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(wt + i * ng * SP_VBLOCK), v, a[i]);
+        }
+        for (int64_t i = 0; i < REP; i++) _mm256_storeu_ps(acc + i * D + 8 * j, a[i]);
+    }
+}
+#endif
+
 #ifdef SP_AVX2 /* REP a constant where the accumulators fit in registers */
 #define SP_ANY_FOR_REP(CALL)                                                                                 \
     switch (rep) {                                                                                           \
@@ -612,15 +688,42 @@ static void run_item_any(const job_t *j, int64_t item, float *buf) {
     const int64_t lo = sp * j->chunk, hi = lo + j->chunk < j->T ? lo + j->chunk : j->T;
     const int64_t m = hi > lo ? hi - lo : 0, tail = sp == j->nsplit - 1 ? j->Tt : 0, n = m + tail;
     float *s = buf, *qs = s + rep * n, *acc = qs + rep * D, *tile = acc + rep * D, *kps = tile + SP_VBLOCK * D,
-          *kpz = kps + D, *vps = kpz + D, *vpz = vps + D;
+          *kpz = kps + D, *vps = kpz + D, *vpz = vps + D, *qf = vpz + D, *base = qf + rep * D, *zs = base + rep;
+    const read_t *kr = &j->k, *vr = &j->v;
+    (void)vr, (void)zs; /* the folded value loop is AVX2 only */
     const char *klast = NULL, *vlast = NULL;
     const uint8_t *mk = j->mask ? j->mask + b * (j->T + j->Tt) : NULL;
     const float *qh = j->q + (b * j->Hq + h * rep) * D;
     for (int64_t i = 0; i < rep * D; i++) qs[i] = qh[i] * j->scaling;
     /* scores: a key row at a time (dequantized, rotated), against every query head of the KV head */
+    int64_t kg = -1; /* the key group whose q * scale is in qf */
     for (int64_t t = 0; t < m; t++) {
         if (mk && !mk[lo + t]) {
             for (int64_t r = 0; r < rep; r++) s[r * n + t] = -INFINITY;
+            continue;
+        }
+        if (kr->tg > 1 && !kr->R) {
+            const int64_t g = (lo + t) / kr->tg;
+            if (g != kg) {
+                const char *sp = kr->scale + (b * kr->ss[0] + h * kr->ss[1] + g * kr->ss[2]) * (kr->s32 ? 4 : 2);
+                expand_params(sp, kr->s32, kr->ss[3], kr->cg, D, kps);
+                if (kr->zero) {
+                    const char *zp = kr->zero + (b * kr->zs[0] + h * kr->zs[1] + g * kr->zs[2]) * (kr->z32 ? 4 : 2);
+                    expand_params(zp, kr->z32, kr->zs[3], kr->cg, D, kpz);
+                }
+                for (int64_t r = 0; r < rep; r++) {
+                    const float *qr = qs + r * D;
+                    float *qfr = qf + r * D, z = 0.0f;
+                    for (int64_t d = 0; d < D; d++) qfr[d] = qr[d] * kps[d];
+                    if (kr->zero) z = dot(qr, kpz, D);
+                    base[r] = z;
+                }
+                kg = g;
+            }
+            const uint8_t *c = kr->codes + b * kr->cs[1] + h * kr->cs[2] + (lo + t) * kr->cs[3];
+#define SP_FOLDED(R) folded_key_scores(kr, c, D, qf, base, R, s + t, n)
+            SP_ANY_FOR_REP(SP_FOLDED)
+#undef SP_FOLDED
             continue;
         }
 #define SP_FUSED(R) fused = fused_key_scores(&j->k, b, h, lo + t, D, qs, R, s + t, n, kps, kpz, &klast)
@@ -641,6 +744,46 @@ static void run_item_any(const job_t *j, int64_t item, float *buf) {
     for (int64_t r = 0; r < rep; r++) /* exp(s - max), normalised after the merge */
         out[r * (D + 2) + D + 1] = softmax_unnormalised(s + r * n, n, out + r * (D + 2) + D);
     memset(acc, 0, sizeof(float) * (size_t)(rep * D));
+#ifdef SP_AVX2
+    if (vr->smode == SP_P_BROADCAST && rep <= SP_MAXREP) { /* values: scales folded into the weights */
+        const int64_t ng = D / vr->cg > 0 ? D / vr->cg : 1, cpg = vr->cg < D ? vr->cg : D;
+        float *w = tile; /* rep * ng * SP_VBLOCK <= the tile's SP_VBLOCK * D (ng <= D / 8, rep <= 8) */
+        const uint8_t *rows[SP_VBLOCK];
+        memset(zs, 0, sizeof(float) * (size_t)(rep * ng));
+        for (int64_t t0 = 0; t0 < m; t0 += SP_VBLOCK) {
+            const int64_t nt = t0 + SP_VBLOCK < m ? SP_VBLOCK : m - t0;
+            int64_t read = 0;
+            for (int64_t t = 0; t < nt; t++) {
+                const int64_t tt = lo + t0 + t, g = tt / vr->tg;
+                if (mk && !mk[tt]) {
+                    rows[t] = NULL;
+                    for (int64_t i = 0; i < rep * ng; i++) w[i * SP_VBLOCK + t] = 0.0f;
+                    continue;
+                }
+                rows[t] = vr->codes + b * vr->cs[1] + h * vr->cs[2] + tt * vr->cs[3];
+                const char *sp = vr->scale + (b * vr->ss[0] + h * vr->ss[1] + g * vr->ss[2]) * (vr->s32 ? 4 : 2);
+                const char *zp = vr->zero ? vr->zero + (b * vr->zs[0] + h * vr->zs[1] + g * vr->zs[2]) * (vr->z32 ? 4 : 2)
+                                          : NULL;
+                for (int64_t gi = 0; gi < ng; gi++) {
+                    const float sc = param(sp, vr->s32, gi * vr->ss[3]);
+                    const float ze = zp ? param(zp, vr->z32, gi * vr->zs[3]) : 0.0f;
+                    for (int64_t r = 0; r < rep; r++) {
+                        const float pr = s[r * n + t0 + t];
+                        w[(r * ng + gi) * SP_VBLOCK + t] = pr * sc;
+                        zs[r * ng + gi] += pr * ze;
+                    }
+                }
+                read++;
+            }
+            if (!read) continue;
+#define SP_VALUES(R) folded_values(vr, rows, nt, w, D, R, acc)
+            SP_ANY_FOR_REP(SP_VALUES)
+#undef SP_VALUES
+        }
+        for (int64_t r = 0; r < rep; r++)
+            for (int64_t d = 0; d < D; d++) acc[r * D + d] += zs[r * ng + d / cpg];
+    } else
+#endif
     /* values: tiles of SP_VBLOCK dequantized tokens (tokens not read: zero rows, weight 0) */
     for (int64_t t0 = 0; t0 < m; t0 += SP_VBLOCK) {
         const int64_t nt = t0 + SP_VBLOCK < m ? SP_VBLOCK : m - t0;
