@@ -440,7 +440,18 @@ static inline float param(const char *p, int f32, int64_t i) {
 
 /* The parameters of one token group for every channel (d / cg, any stride): out[D]. */
 static void expand_params(const char *p, int f32, int64_t stride, int64_t cg, int64_t D, float *out) {
-    for (int64_t d = 0; d < D; d++) out[d] = param(p, f32, d / cg * stride);
+    if (cg == 1 && stride == 1 && f32) {
+        memcpy(out, p, sizeof(float) * (size_t)D);
+    } else if (cg == 1) {
+        int64_t d = 0;
+#if defined(SP_AVX2) && defined(__F16C__)
+        if (stride == 1)
+            for (; d + 8 <= D; d += 8) _mm256_storeu_ps(out + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * d))));
+#endif
+        for (; d < D; d++) out[d] = param(p, f32, d * stride);
+    } else {
+        for (int64_t d = 0; d < D; d++) out[d] = param(p, f32, d / cg * stride);
+    }
 }
 
 /* The scale and zero-point rows of token t's group (zp NULL without zero-points); ps / pz hold the expanded

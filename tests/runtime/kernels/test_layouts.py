@@ -70,6 +70,17 @@ def test_every_layout_decodes_through_the_c_kernels(k_name, v_name):
 
 
 @needs_compiler
+@pytest.mark.parametrize("hq,hkv", [(2, 2), (20, 2)], ids=["mha", "rep10"])
+def test_query_heads_per_kv_head_beyond_the_register_loops(hq, hkv):
+    """One query head per KV head, and 10 (more than the loops keep in registers: the plain loops)."""
+    for k_name, v_name in (("int3_c128", "q4_1"), ("q4_0", "int5_t64"), ("fp8_e4m3", "int2_c32_r32_s4")):
+        args, kw = store_reads(k_name, v_name, b=2, hq=hq, hkv=hkv, t=300, d=64)
+        _check_c(args, dict(kw, mask=masks(2, args["k"].tokens, 5)))
+        args["k"] = replace(args["k"], rope=rope_tables(2, args["k"].tokens, 64))
+        _check_c(args, kw)
+
+
+@needs_compiler
 @pytest.mark.parametrize("k_name", LAYOUTS)
 def test_keys_stored_before_rope_are_rotated_in_the_c_kernels(k_name):
     """RoPE over every channel and over the first half (partial rotary), at random positions per sequence."""
@@ -118,7 +129,8 @@ def test_the_generic_path_matches_without_native_instructions(tmp_path, monkeypa
     cpu_kernels._load.cache_clear()
     try:
         assert cpu_kernels.available() is None
-        for k_name, v_name in (("int4_t32", "int3_c128"), ("fp8_e4m3_head", "q4_0"), ("int8", "fp8_per_token_head")):
+        for k_name, v_name in (("int4_t32", "int3_c128"), ("fp8_e4m3_head", "q4_0"), ("int8", "fp8_per_token_head"),
+                               ("int3_c128", "int4_t32")):
             args, kw = store_reads(k_name, v_name, b=2, t=300, d=64)
             args["k"] = replace(args["k"], rope=rope_tables(2, args["k"].tokens, 32))
             _check_c(args, dict(kw, mask=masks(2, args["k"].tokens, 5)))
