@@ -68,6 +68,7 @@ def _make_attention(previous: str):
             if out is not None:
                 return out, None
             key, value = layer.dense_kv()
+            query = layer.attention_query(query)
         return fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
     return planned_attention

@@ -11,6 +11,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from ..errors import SensprofError
+from ..quant import quantize_query
 from ..schemes import get_scheme
 from .attention import (
     PackedKV,
@@ -103,10 +104,20 @@ class PlannedLayer(DynamicLayer):
                            dim=-2)
         a, b = a - lo, b - lo
         mask = None if valid is None else torch.cat([valid[:, a:b], valid[:, :a], valid[:, b:]], dim=-1)
-        out = self.kernels.decode_attention(query[:, :, 0], k_body, v_body, k_tail, v_tail, scaling=scaling,
-                                            mask=mask)
+        q = self.attention_query(query)[:, :, 0]
+        if ks.engine is not None and ks.engine.rotated:  # an engine's rotated basis: rotate the query and the tail
+            q, k_tail = ks.engine.query(q).to(query.dtype), ks.engine.to_rotated(k_tail).to(k_tail.dtype)
+        if vs.engine is not None and vs.engine.rotated:
+            v_tail = vs.engine.to_rotated(v_tail).to(v_tail.dtype)
+        out = self.kernels.decode_attention(q, k_body, v_body, k_tail, v_tail, scaling=scaling, mask=mask)
+        if vs.engine is not None and vs.engine.rotated:
+            out = vs.engine.from_rotated(out)
         self.packed_steps += 1
         return out.to(query.dtype).unsqueeze(1)
+
+    def attention_query(self, query: torch.Tensor) -> torch.Tensor:
+        """The query attention uses: an engine format may transform it too (vLLM's fp8 cast on Hopper)."""
+        return quantize_query(self.k_store.scheme, query)
 
     def get_seq_length(self) -> int:
         return self.k_store.total

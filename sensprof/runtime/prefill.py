@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..hooks import QUERY_BLOCK
+from ..quant import quantize_query
 from ..taps import quantized_attention
 
 
@@ -51,6 +52,7 @@ def exact_prefill_attention(fallback, module, query, keys, values, k_scheme, v_s
 
     keys / values: (as held now, with the chunk's changed tokens in full precision), each [B, H, n, D]."""
     (k_q, k_fp), (v_q, v_fp) = keys, values
+    query = quantize_query(k_scheme, query)  # an engine's query transform (the profiler's QuantTap applies it too)
     n, q = k_q.shape[-2], query.shape[-2]
     mask = attention_mask
     if mask is not None and mask.dtype == torch.bool:  # the parts are joined by an additive mask

@@ -22,14 +22,15 @@ from ..quant import (
     ungroup_last,
 )
 from ..schemes import QuantScheme
+from .engine_layouts import LAYOUTS, engine_layout
 from .kernels import KernelBackend, PackedRead, select
 
 
 def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
     """Why the runtime cannot store this scheme, or None."""
-    if scheme.is_engine or scheme.query:
-        return (f"{scheme.name} is vLLM's own format (emulated for profiling and validation); "
-                "the runtime stores sensprof's formats only")
+    if scheme.is_engine and engine_layout(scheme) is None:
+        return (f"{scheme.name} is vLLM's own format, emulated for profiling and validation; of vLLM's formats the "
+                f"runtime stores {', '.join(sorted(n.split('.', 1)[1] for n in LAYOUTS))}")
     if scheme.pre_rope:
         return "keys stored before RoPE (_pre) would need RoPE re-applied at every read"
     if scheme.format == "int" and scheme.granularity in ("token", "channel") and head_dim % 8:
@@ -109,6 +110,7 @@ class TensorStore:
     def __init__(self, scheme: QuantScheme, absmax: torch.Tensor | None = None, sliding: bool = False,
                  kernels: str = "auto"):
         self.scheme = scheme
+        self.engine = engine_layout(scheme) if scheme.is_engine else None  # an engine's own layout (engine_layouts)
         self.preference = kernels
         self.kernels: KernelBackend | None = None  # chosen on the first append (when the device is known)
         self.sliding = sliding
@@ -191,6 +193,8 @@ class TensorStore:
         bit-planes [bits, B, H, T, D/8]; per-token scales [B, H, T, D/g]; per-channel [B, H, T/G, D]."""
         s = self.scheme
         b, h, t, d = y.shape
+        if self.engine is not None:
+            return self.engine.pack(y, self._kernels(y.device))
         if s.codec == "minmax" and s.scale_bits == 16 and s.zero_bits == 16 and s.granularity in ("token", "channel"):
             ops = self._kernels(y.device)
             if s.granularity == "token":
@@ -242,6 +246,8 @@ class TensorStore:
         """Tokens [lo, hi) of a packed chunk, dequantized in float32: [B, H, hi - lo, D].
         Table-driven unpacking and in-place scaling: no grouped copies of the cache."""
         s = self.scheme
+        if self.engine is not None:
+            return self.engine.dense(q.codes[:, :, :, lo:hi], q.scale[:, :, lo:hi], self._kernels(q.codes.device))
         if s.codec == "fp8":
             if s.granularity == "token":
                 deq = dequantize_groups(Quantized(q.codes[:, :, lo:hi], q.scale[:, :, lo:hi], None), s)
@@ -318,6 +324,8 @@ class TensorStore:
         if not n:
             return None
         body, s = self._body(), self.scheme
+        if self.engine is not None:
+            return self.sink.shape[-2], n, self.engine.read(body.codes, body.scale)
         b, h = self.sink.shape[:2]
         d = self.sink.shape[-1]
         lut, offset = _code_table(s, body.codes.device)

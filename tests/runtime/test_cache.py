@@ -41,6 +41,9 @@ def _fake_quant_logprobs(model, plan, ids):
 
 @pytest.mark.parametrize("arch,pairs", [
     ("llama", [("int4_c32", "int4_t32"), ("q4_0", "int3_t32_r16"), ("fp8_e4m3", "int8")]),
+    # vLLM's own formats: rotated int4 per token-head (stored and read as vLLM does), fp8 with the query cast too
+    ("llama", [("int4_per_token_head", "int4_per_token_head"), ("fp8_e4m3_qfp8", "fp8_e4m3"),
+               ("int4_per_token_head", "none")]),
     ("gemma3", [("int4_c32", "int4_t32"), ("int2_t32_s2", "fp8_e4m3_cal"), ("int8_per_token_head", "none")]),
 ])
 def test_decoding_matches_the_profilers_fake_quantization(arch, pairs, device):
@@ -55,8 +58,8 @@ def test_decoding_matches_the_profilers_fake_quantization(arch, pairs, device):
         plain = model(ids, use_cache=False).logits.log_softmax(-1)
     assert (run - plain).abs().max() > 1e-3  # the quantization is real...
     assert (run - ref).abs().max() < 1e-4  # ...and exactly what the profile measured
-    if arch == "llama":  # layer 0 (int4_c32 / int4_t32, full attention) was read by the packed kernel
-        assert cache.layers[0].packed_steps > 0
+    # every decode step of every layer read the packed cache (a layer with an unquantized side reads its tail)
+    assert all(layer.packed_steps == ids.shape[1] for layer in cache.layers)
 
 
 def _bf16_llama(head_dim=64, positions=4608):
@@ -86,6 +89,20 @@ def test_nbytes_equals_the_plan_prediction_and_4bit_is_3_5x_smaller_at_4k(device
     assert dense / cache.nbytes() >= 3.5
 
 
+def test_vllm_int4_per_token_head_holds_the_bytes_vllm_allocates(device):
+    """Codes as 4 bit-planes (vLLM's nibbles: D / 2 bytes) and vLLM's one fp32 word of scale and zero-point."""
+    model = _bf16_llama().to(device)
+    n = 300
+    ids = torch.randint(3, 300, (1, n), generator=torch.Generator().manual_seed(2)).to(device)
+    plan = make_plan(model, [("int4_per_token_head", "int4_per_token_head")] * 2, [{}] * 2)
+    cache = PlannedCache.from_plan(plan, model)
+    with torch.no_grad():
+        model(ids, use_cache=True, **{cache_kwarg(model): cache})
+    assert cache.nbytes() == 2 * 2 * n * 2 * (64 // 2 + 4)  # layers x (K, V) x tokens x heads x bytes
+    predicted = 2 * 2 * layer_cache_bytes(get_scheme("int4_per_token_head"), n, 2, 64)
+    assert cache.nbytes() == pytest.approx(predicted, rel=0.01)
+
+
 def test_sliding_layers_keep_only_their_window(device):
     model = make_tiny_model("gemma3").to(device)  # layers 0, 1 slide over 8 tokens
     plan = make_plan(model, [("int4_t32", "int4_t32"), ("none", "none"), ("none", "none")], [{}] * 3)
@@ -109,6 +126,9 @@ def test_plan_for_another_model_and_unstorable_schemes_are_refused():
     pre = make_plan(model, [("int4_c32_pre", "int4_t32")] * 3, [{}] * 3)
     with pytest.raises(SensprofError, match="cannot store"):
         PlannedCache.from_plan(pre, model)
+    nvfp4 = make_plan(model, [("nvfp4", "nvfp4")] * 3, [{}] * 3)
+    with pytest.raises(SensprofError, match="cannot store scheme 'nvfp4'.*stores int4_per_token_head"):
+        PlannedCache.from_plan(nvfp4, model)
     cal = make_plan(model, [("fp8_e4m3_cal", "none")] * 3, [{}] * 3)
     with pytest.raises(SensprofError, match="calibrated"):
         PlannedCache.from_plan(cal, model)

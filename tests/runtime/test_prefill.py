@@ -12,6 +12,8 @@ from sensprof.runtime.generate import cache_kwarg
 
 PAIRS = {
     "llama": [("int4_c32", "int4_t32"), ("int3_c32_r16_s4", "int5_t64"), ("q4_0", "fp8_e4m3")],
+    "llama-vllm": [("int4_per_token_head", "int4_per_token_head"), ("fp8_e4m3_qfp8", "fp8_e4m3"),
+                   ("int4_per_token_head", "int4_t32")],
     "gemma3": [("int4_c32", "int4_t32"), ("int2_c32_s2", "int8_per_token_head"), ("int3_c32_r8", "int4_t32")],
 }
 
@@ -27,10 +29,10 @@ def _prefill_logprobs(model, cache, ids, chunks):
     return torch.cat(out, 1).log_softmax(-1)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "llama-vllm", "gemma3"])
 @pytest.mark.parametrize("chunks", [[70], [33, 1, 36], [5, 40, 25]])
 def test_prefill_reads_what_the_profiler_measured(arch, chunks, device):
-    model = make_tiny_model(arch).to(device)
+    model = make_tiny_model(arch.split("-")[0]).to(device)
     ids = torch.randint(3, 300, (2, 70), generator=torch.Generator().manual_seed(2)).to(device)
     plan = make_plan(model, PAIRS[arch], _calibration(model, ids))
     ref = _fake_quant_logprobs(model, plan, ids)
