@@ -546,7 +546,8 @@ static void dequant_row(const read_t *r, int64_t b, int64_t h, int64_t t, int64_
     }
 }
 
-/* Keys without RoPE: token t dequantized in registers straight into the REP scores s[r * n] (q * scaling in qs) */
+/* Token t's key dequantized in registers straight into the REP scores s[r * n] (q * scaling in qs); returns 0 where
+ * it does not apply (keys stored before RoPE: dequant_row, then row_scores; rotating in registers was slower). */
 static inline __attribute__((always_inline)) int fused_key_scores(const read_t *r, int64_t b, int64_t h, int64_t t,
                                                                   int64_t D, const float *qs, const int64_t REP,
                                                                   float *s, int64_t n, float *ps, float *pz,
