@@ -224,16 +224,15 @@ def _decode_kernel(q_ptr, kc_ptr, klut_ptr, ks_ptr, kz_ptr, vc_ptr, vlut_ptr, vs
                            KC_P, KC_B, KC_H, KC_T, KS_B, KS_H, KS_T, KS_C, KZ_B, KZ_H, KZ_T, KZ_C,
                            BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG)  # [BLOCK_T, D]
         if ROPE > 0:  # out[d] = x[d] cos - x[d + R/2] sin; out[d + R/2] = x[d + R/2] cos + x[d] sin
-            HALF: tl.constexpr = ROPE // 2
-            partner = tl.where(d < HALF, d + HALF, tl.where(d < ROPE, d - HALF, d))
+            partner = tl.where(d < ROPE // 2, d + ROPE // 2, tl.where(d < ROPE, d - ROPE // 2, d))
             kp = _dequant_tile(kc_ptr, klut_ptr, ks_ptr, kz_ptr, k_offset, b, hkv, t, tm, partner,
                                KC_P, KC_B, KC_H, KC_T, KS_B, KS_H, KS_T, KS_C, KZ_B, KZ_H, KZ_T, KZ_C,
                                BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG)
             rmask = tm[:, None] & (d[None, :] < ROPE)
-            r_off = b * R_B + t[:, None] * R_T + (d % HALF)[None, :]
+            r_off = b * R_B + t[:, None] * R_T + (d % (ROPE // 2))[None, :]
             cs = tl.load(cos_ptr + r_off, mask=rmask, other=1.0)
             sn = tl.load(sin_ptr + r_off, mask=rmask, other=0.0)
-            sign = tl.where(d < HALF, -1.0, 1.0)
+            sign = tl.where(d < ROPE // 2, -1.0, 1.0)
             kf = kf * cs + sign[None, :] * kp * sn
         if USE_DOT:
             s = _dot(q.to(TILE_DTYPE), tl.trans(kf.to(TILE_DTYPE)), TILE_DTYPE) * scaling  # [REP_P2, BLOCK_T]
@@ -313,7 +312,7 @@ def decode_attention_in_splits(q: torch.Tensor, k: PackedRead, v: PackedRead, k_
     lsum = torch.zeros((b * hq, n_splits), device=q.device, dtype=torch.float32)
     acc = torch.zeros((b * hq, n_splits, d), device=q.device, dtype=torch.float32)
     if mask is not None:
-        mask = mask.to(device=q.device, dtype=torch.bool)
+        mask = mask.to(device=q.device, dtype=torch.bool).contiguous()
     if t > 0:
         tile_dtype = _TILE_DTYPES.get(q.dtype, tl.float32)
         qk = q if q.dtype in _TILE_DTYPES else q.float()
