@@ -217,3 +217,59 @@ def test_triton_reads_token_slices_in_place_and_tiles_in_16_bits():
     print("ok", worst, rel)
     """)
     assert out.startswith("ok")
+
+
+@needs_compiler
+def test_a_plan_of_mixed_layouts_decodes_through_the_c_kernels_as_through_the_reference(monkeypatch):
+    """End to end: every layer's decode steps read packed by the C kernels (none handed to the reference), with
+    llama.cpp blocks, fp8 bytes, per-token-head and per-channel layouts, as the reference reads them."""
+    from conftest import make_tiny_model
+    from runtime.plans import decode_logprobs, make_plan
+
+    from sensprof.runtime import PlannedCache
+
+    model = make_tiny_model("llama")
+    kv_heads = model.config.num_key_value_heads
+    plan = make_plan(model, [("q4_0", "fp8_e4m3"), ("int4_t32", "int8_per_token_head"), ("fp8_e4m3_head", "int3_c128")],
+                     [{}, {}, {"K": [3.0] * kv_heads}])  # per-head fp8 scales from calibrated absmax
+    ids = torch.randint(3, 300, (2, 160), generator=torch.Generator().manual_seed(7))
+    ref = decode_logprobs(model, PlannedCache.from_plan(plan, model, kernels="reference"), ids)
+
+    def refused(*a, **k):
+        raise AssertionError("the C kernels handed a decode step to the reference")
+
+    monkeypatch.setattr(reference, "decode_attention", refused)
+    cache = PlannedCache.from_plan(plan, model, kernels="cpu")
+    got = decode_logprobs(model, cache, ids)
+    assert all(layer.kernels is cpu_kernels and layer.packed_steps > 0 for layer in cache.layers)
+    assert (got - ref).abs().max().item() < 1e-4
+
+
+@needs_triton
+def test_a_plan_of_mixed_layouts_decodes_through_the_triton_kernel_as_through_the_reference():
+    """End to end in the interpreter: every layer's decode steps read packed by the Triton kernel."""
+    out = _run_interpreted("""
+        import torch
+        from conftest import make_tiny_model
+        from runtime.plans import decode_logprobs, make_plan
+        from sensprof.runtime import PlannedCache
+        from sensprof.runtime.kernels import reference, triton_kernels
+        model = make_tiny_model("llama")
+        kv_heads = model.config.num_key_value_heads
+        plan = make_plan(model, [("q4_0", "fp8_e4m3"), ("int4_t32", "int8_per_token_head"), ("fp8_e4m3_head", "q8_0")],
+                         [{}, {}, {"K": [3.0] * kv_heads}])
+        ids = torch.randint(3, 300, (2, 20), generator=torch.Generator().manual_seed(7))
+        ref = decode_logprobs(model, PlannedCache.from_plan(plan, model, kernels="reference"), ids)
+
+        def refused(*a, **k):
+            raise AssertionError("the Triton kernel handed a decode step to the reference")
+
+        reference.decode_attention = refused
+        cache = PlannedCache.from_plan(plan, model, kernels="triton")
+        got = decode_logprobs(model, cache, ids)
+        assert all(layer.kernels is triton_kernels and layer.packed_steps > 0 for layer in cache.layers)
+        err = (got - ref).abs().max().item()
+        assert err < 1e-4, err
+        print("ok", err)
+    """)
+    assert out.startswith("ok")
