@@ -245,6 +245,7 @@ def test_sensprof_lm_eval_is_lm_evals_command_with_the_model(capsys, dir_plan, t
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert "sensprof" in out and "|sp_mc" in out.replace(" ", "") and "acc" in out
+    assert "Selected Tasks" in err and "not of type `str`" not in err  # lm-eval's log, without HFLM's loading noise
 
 
 # --------------------------------------------------------------------------- bad input

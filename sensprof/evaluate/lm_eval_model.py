@@ -20,6 +20,7 @@ from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
 from ..errors import SensprofError
+from .lm_eval_run import quiet_lm_eval
 from .run import feed, use_sdpa
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,8 @@ class SensprofLM(HFLM):
         if str(batch_size) != "1":
             log.warning("sensprof runs one request at a time, each with a fresh cache; batch_size=%s ignored",
                         batch_size)
-        super().__init__(pretrained=pretrained, tokenizer=tokenizer, batch_size=1, **kwargs)
+        with quiet_lm_eval("lm_eval.models.huggingface"):  # not its warnings that a loaded model skips loading
+            super().__init__(pretrained=pretrained, tokenizer=tokenizer, batch_size=1, **kwargs)
         self.plan, self.chunk, self.kernels = plan, int(chunk), kernels
         self.stats = CacheStats()
         self.new_cache(check_model=True)  # a plan for another model or an unstorable scheme fails here, once

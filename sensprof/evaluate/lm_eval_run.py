@@ -57,11 +57,11 @@ def task_manager(tasks: list[str], include=None):
             raise SensprofError(f"--lm-eval-include {p!r} is not a directory; pass the folder holding your "
                                 "task YAML files")
     if paths:  # your own tasks first: indexing lm-eval's ~15,000 built-in ones takes seconds
-        with _quiet_lm_eval():
+        with quiet_lm_eval():
             own = TaskManager(include_path=paths, include_defaults=False)
         if all(own.match_tasks([name]) for name in tasks):
             return own
-    with _quiet_lm_eval():
+    with quiet_lm_eval():
         tm = TaskManager(include_path=paths or None)
     known = tm.all_tasks
     for name in tasks:
@@ -74,9 +74,9 @@ def task_manager(tasks: list[str], include=None):
 
 
 @contextlib.contextmanager
-def _quiet_lm_eval(level: int = logging.ERROR):
+def quiet_lm_eval(name: str = "lm_eval", level: int = logging.ERROR):
     """lm-eval logs a warning per model built from a loaded model, and notes per task; keep only errors."""
-    logger = logging.getLogger("lm_eval")
+    logger = logging.getLogger(name)
     was = logger.level
     logger.setLevel(level)
     try:
@@ -127,7 +127,7 @@ def run_lm_eval(model, tokenizer, plan, tasks: list[str], tm, limit=None, num_fe
     for name, layers in configs.items():
         t0 = time.perf_counter()
         quiet_output = contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext()
-        with _quiet_lm_eval(), quiet_output:
+        with quiet_lm_eval(), quiet_output:
             lm = SensprofLM(pretrained=model, tokenizer=tokenizer, plan=dataclasses.replace(plan, layers=layers),
                             chunk=chunk, kernels=kernels)
             results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=limit,
