@@ -20,6 +20,7 @@ from .attention import (
 )
 from .kernels import KernelBackend, PackedRead, select
 from .prefill import PrefillKV, exact_prefill_attention, full_precision_versions
+from .rope_table import RopeTable, capture_position_embeddings
 from .store import TensorStore, runtime_problem
 
 
@@ -29,7 +30,7 @@ class PlannedLayer(DynamicLayer):
     is_croppable = False
 
     def __init__(self, k_scheme: str, v_scheme: str, absmax: dict | None = None, sliding_window: int | None = None,
-                 kernels: str = "auto"):
+                 kernels: str = "auto", index: int = 0, attention_module=None, rope: RopeTable | None = None):
         super().__init__()
         absmax = absmax or {}
         sliding = sliding_window is not None
@@ -41,6 +42,8 @@ class PlannedLayer(DynamicLayer):
         self.kernels: KernelBackend | None = None
         self.packed = False  # set when the model's attention reads PackedKV handles (use_planned_attention)
         self.packed_steps = 0  # decode steps served by the packed kernel (the rest read the dense cache)
+        self.index, self.attention_module = index, attention_module
+        self.k_store.rope = rope  # keys stored before RoPE: the position table shared by the layers of this kind
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.device = key_states.device
@@ -51,6 +54,8 @@ class PlannedLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[-2]
+        if self.k_store.scheme.pre_rope:
+            self._extend_rope(n)
         exact = self.packed and n > 1 and not (self.is_sliding and self.k_store.total + n > self.sliding_window)
         before = (self.k_store.pending_copy(), self.v_store.pending_copy()) if exact else None
         self.k_store.append(key_states)
@@ -75,6 +80,14 @@ class PlannedLayer(DynamicLayer):
             self.k_store.drop_front(self.sliding_window - 1)
             self.v_store.drop_front(self.sliding_window - 1)
         return keys, values
+
+    def _extend_rope(self, n: int) -> None:
+        pe = getattr(self.attention_module, "sensprof_rope", None)
+        if pe is None:
+            raise SensprofError(f"layer {self.index}: the model passes no RoPE tables (position_embeddings) to its "
+                                "attention, so keys stored before RoPE (_pre) cannot be rotated back; re-plan without "
+                                "_pre key schemes")
+        self.k_store.rope.extend(pe[0], pe[1], self.k_store.total + n, self.index)
 
     def prefill_attention(self, fallback, module, query, keys, values, attention_mask, kwargs):
         return exact_prefill_attention(fallback, module, query, keys.versions, values.versions,
@@ -193,6 +206,14 @@ def read_mask(attention_mask, held: int, window: int | None):
     return True, valid
 
 
+def _attention_modules(model):
+    if model is None:
+        return None
+    from ..models import decoder_layers
+
+    return [layer.self_attn for layer in decoder_layers(model)]
+
+
 def _absmax(values):
     return None if values is None else torch.tensor(values, dtype=torch.float32)
 
@@ -211,23 +232,34 @@ class PlannedCache(Cache):
 
             plan.check_model(fingerprint(model), "this model", "re-plan for this model")
             plan.check_layers([(i.kv_heads, i.head_dim) for i in describe_layers(model)], "this model")
-        layers = []
+        attention = _attention_modules(model)
+        if any(get_scheme(p.k_scheme).pre_rope for p in plan.layers) and attention is None:
+            raise SensprofError("the plan stores keys before RoPE (_pre): its cache needs the model (its position "
+                                "embeddings); pass model= to PlannedCache.from_plan")
+        layers, tables = [], {}
         for p in plan.layers:
             for name in (p.k_scheme, p.v_scheme):
                 why = runtime_problem(get_scheme(name), p.head_dim)
                 if why:
                     raise SensprofError(f"layer {p.layer}: the runtime cannot store scheme {name!r}: {why}; "
                                         "re-plan without it")
-            layers.append(PlannedLayer(p.k_scheme, p.v_scheme, p.absmax,
-                                       p.window if p.kind == "sliding" else None, kernels))
+            rope = None
+            if get_scheme(p.k_scheme).pre_rope:
+                capture_position_embeddings(attention[p.layer])
+                rope = tables.setdefault(p.kind, RopeTable())  # a model's sliding layers may have their own RoPE
+            layers.append(PlannedLayer(p.k_scheme, p.v_scheme, p.absmax, p.window if p.kind == "sliding" else None,
+                                       kernels, p.layer, None if attention is None else attention[p.layer], rope))
         if model is not None:
             select(kernels, next(model.parameters()).device)  # a preference that cannot run fails here, in one line
         if model is not None and packed_decode and reads_through_interface(model):
             use_planned_attention(model)
             for layer in layers:
                 layer.packed = True
-        return cls(layers=layers)
+        cache = cls(layers=layers)
+        cache.rope_tables = list(tables.values())
+        return cache
 
     def nbytes(self) -> int:
-        """Every stored tensor: packed codes, scales, zero-points, sink and residual tokens."""
-        return sum(layer.nbytes() for layer in self.layers)
+        """Every stored tensor: packed codes, scales, zero-points, sink and residual tokens, and the position tables
+        of keys stored before RoPE (one per kind of layer, shared by its layers)."""
+        return sum(layer.nbytes() for layer in self.layers) + sum(t.nbytes() for t in getattr(self, "rope_tables", []))

@@ -21,6 +21,7 @@ from ..quant import (
     quantize_groups,
     ungroup_last,
 )
+from ..rope import apply_rope, undo_rope
 from ..schemes import QuantScheme
 from .engine_layouts import LAYOUTS, engine_layout
 from .kernels import KernelBackend, PackedRead, select
@@ -31,8 +32,6 @@ def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
     if scheme.is_engine and engine_layout(scheme) is None:
         return (f"{scheme.name} is vLLM's own format, emulated for profiling and validation; of vLLM's formats the "
                 f"runtime stores {', '.join(sorted(n.split('.', 1)[1] for n in LAYOUTS))}")
-    if scheme.pre_rope:
-        return "keys stored before RoPE (_pre) would need RoPE re-applied at every read"
     if scheme.format == "int" and scheme.granularity in ("token", "channel") and head_dim % 8:
         return f"bit-plane packing needs head_dim divisible by 8 (got {head_dim})"
     return None
@@ -111,6 +110,7 @@ class TensorStore:
                  kernels: str = "auto"):
         self.scheme = scheme
         self.engine = engine_layout(scheme) if scheme.is_engine else None  # an engine's own layout (engine_layouts)
+        self.rope = None  # keys stored before RoPE: the layer's RopeTable (rope_table.py), set by the layer
         self.preference = kernels
         self.kernels: KernelBackend | None = None  # chosen on the first append (when the device is known)
         self.sliding = sliding
@@ -172,9 +172,17 @@ class TensorStore:
             return rest[..., :due, :]
         return torch.cat([self.pending, rest[..., :due - held, :]], dim=-2)
 
+    def _body_start(self) -> int:
+        """The absolute position of the first packed token held."""
+        return min(self.scheme.sink, self.total) + self.flushed - self._codes.length
+
     def _quantize(self, y: torch.Tensor) -> None:
         """Packed onto the end of the body: reading then unpacks one tensor, not one per decode step."""
-        q, n = self._quantize_pack(y), y.shape[-2]
+        n = y.shape[-2]
+        if self.scheme.pre_rope:  # the codes of the keys before RoPE, as the profiler's taps quantize them
+            at = min(self.scheme.sink, self.total) + self.flushed
+            y = undo_rope(y, *self.rope.full(at, at + n, y.dtype))
+        q = self._quantize_pack(y)
         self._codes.append(q.codes)
         if self._grows:
             self._scale.append(q.scale)
@@ -283,7 +291,14 @@ class TensorStore:
         for part, n in self._parts():
             a, z = max(lo - at, 0), min(hi - at, n)
             if a < z:
-                block = part[..., a:z, :] if isinstance(part, torch.Tensor) else self._dequant(part, a, z)
+                if isinstance(part, torch.Tensor):
+                    block = part[..., a:z, :]
+                elif self.scheme.pre_rope:  # back to each token's position, in the model's dtype as the profiler
+                    p0 = self._body_start()
+                    block = apply_rope(self._dequant(part, a, z).to(self.dtype), *self.rope.full(p0 + a, p0 + z,
+                                                                                               self.dtype))
+                else:
+                    block = self._dequant(part, a, z)
                 out[..., at + a - lo:at + z - lo, :] = block
             at += n
         return out
@@ -342,8 +357,12 @@ class TensorStore:
         else:  # one scale per tensor or per head: a constant, seen through a stride-0 view
             scale = body.scale.reshape(1, -1, 1, 1).float().expand(b, h, n, 1)
             zero, tg, cg = None, 1, d
+        rope = None
+        if s.pre_rope:
+            p0 = self._body_start()
+            rope = self.rope.halves(p0, p0 + n)
         read = PackedRead(codes=codes, scale=scale, zero=zero, lut=lut, bits=s.bits, token_group=tg,
-                          channel_group=cg, offset=offset, packing=packing)
+                          channel_group=cg, offset=offset, packing=packing, rope=rope)
         return self.sink.shape[-2], n, read
 
     def seq_length(self) -> int:
