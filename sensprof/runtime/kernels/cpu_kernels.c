@@ -31,7 +31,7 @@ static uint64_t SPREAD[256]; /* byte -> 8 bytes, byte i = bit i */
 #define SP_VBLOCK 64 /* value tokens whose weights are computed together */
 #define SP_MAXTHREADS 64
 #define SP_PARALLEL_WORK 4096 /* (sequences x KV heads x tokens) below which one thread is quicker */
-#define SP_ABI_VERSION 2      /* = ABI_VERSION in cpu_kernels.py: bump both whenever an exported signature changes */
+#define SP_ABI_VERSION 3      /* = ABI_VERSION in cpu_kernels.py: bump both whenever an exported signature changes */
 
 int sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -303,7 +303,8 @@ enum {
     SP_R_SS = 12, /* scale strides: batch, head, token group, channel group */
     SP_R_ZS = 16, /* zero strides */
     SP_R_RS = 20, /* cos / sin strides: batch, token (the last dim contiguous) */
-    SP_R_FIELDS = 22
+    SP_R_FP8 = 22, /* the table is fp8's own (1: e4m3fn, 2: e5m2): the bytes convert through fp16, no gather */
+    SP_R_FIELDS = 23
 };
 
 #define SP_MAXCHUNKS 128 /* head dims up to 1024 on the generic path */
@@ -311,7 +312,7 @@ typedef struct {
     const uint8_t *codes;
     const float *lut, *cos, *sin;
     const char *scale, *zero;
-    int bytes, bits, affine, s32, z32, smode, zmode; /* smode / zmode: how 8 channels' parameters load (below) */
+    int bytes, bits, affine, fp8, s32, z32, smode, zmode; /* smode / zmode: how 8 channels' parameters load */
     int64_t tg, cg, R, cs[4], ss[4], zs[4], rs[2];
     float offset;
     int64_t soff[SP_MAXCHUNKS], zoff[SP_MAXCHUNKS]; /* broadcast: each 8 channels' parameter offset in its row */
@@ -487,6 +488,17 @@ static inline __m256 param8(const char *p, int f32, int mode, int64_t off, int64
 
 /* the code values (table or affine) of channels 8j .. 8j+7 of the token whose codes start at c */
 static inline __m256 raw8(const read_t *r, const uint8_t *c, int64_t j) {
+#ifdef __F16C__
+    if (r->fp8) { /* fp8 bytes as fp16 bits: e5m2 is fp16's top byte; e4m3fn shifted in reads 2^-8 of its value */
+        const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(c + 8 * j)));
+        if (r->fp8 == 2) return _mm256_cvtph_ps(_mm_slli_epi16(x, 8));
+        const __m128i mag = _mm_and_si128(x, _mm_set1_epi16(0x7f));
+        const __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8));
+        const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+        const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
+        return _mm256_blendv_ps(v, _mm256_set1_ps(NAN), nan); /* S.1111.111: e4m3fn's NaN */
+    }
+#endif
     uint64_t w = 0;
     if (r->bytes)
         memcpy(&w, c + 8 * j, 8);
@@ -976,6 +988,9 @@ static void read_of(read_t *r, const void *const *ptrs, const int64_t *f, float 
     r->tg = f[SP_R_TG], r->cg = f[SP_R_CG], r->R = f[SP_R_ROPE], r->offset = offset;
     for (int i = 0; i < 4; i++) r->cs[i] = f[SP_R_CS + i], r->ss[i] = f[SP_R_SS + i], r->zs[i] = f[SP_R_ZS + i];
     r->rs[0] = f[SP_R_RS], r->rs[1] = f[SP_R_RS + 1];
+#if defined(__F16C__)
+    r->fp8 = r->bytes && !r->affine ? (int)f[SP_R_FP8] : 0;
+#endif
     r->smode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->ss[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);
     r->zmode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->zs[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);
     for (int64_t j = 0; j < D / 8 && j < SP_MAXCHUNKS; j++) {

@@ -35,7 +35,7 @@ _FLAGS = ["-O3", "-std=gnu11", "-pthread", "-fPIC", "-shared", "-ffp-contract=of
 _NATIVE = ["-march=native"]
 _MAX_TOKEN_DIM = 1024  # sp_quantize_pack_tokens keeps one row of codes on the stack
 _MAX_PACKED_DIM = 1024  # sp_decode_packed: SP_MAXCHUNKS * 8
-ABI_VERSION = 2  # = SP_ABI_VERSION in cpu_kernels.c: bump both whenever a signature below changes
+ABI_VERSION = 3  # = SP_ABI_VERSION in cpu_kernels.c: bump both whenever a signature below changes
 
 _P, _I64, _F32, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
@@ -254,8 +254,18 @@ def quantize_pack_channels(x: torch.Tensor, bits: int, group: int) -> tuple[torc
 
 
 # The fields of a PackedRead as sp_decode_packed reads them (the SP_R_* enum of cpu_kernels.c, in its order)
-_READ_FIELDS = 22
+_READ_FIELDS = 23
 _LUT_DTYPES = (torch.float16, torch.float32)
+# fp8's own code tables (the C code converts those bytes without a gather), as int32 bit patterns (NaNs included)
+_FP8_TABLES = {kind: torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).float().view(torch.int32)
+               for kind, dtype in ((1, torch.float8_e4m3fn), (2, torch.float8_e5m2))}
+
+
+def _fp8_kind(r: PackedRead, lut: torch.Tensor) -> int:
+    if r.packing != "bytes" or r.offset is not None or lut.numel() != 256:
+        return 0
+    bits = lut.view(torch.int32)
+    return next((kind for kind, table in _FP8_TABLES.items() if torch.equal(bits, table)), 0)
 
 
 def _param(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -296,7 +306,7 @@ def _describe(r: PackedRead, b: int, h: int, t: int, d: int):
     zs = (0, 0, 0, 0) if zero is None else zero.stride()
     fields = (int(r.packing == "bytes"), r.bits, r.token_group, r.channel_group, int(affine),
               int(scale.dtype == torch.float32), int(zero is not None and zero.dtype == torch.float32), rope,
-              *cs, *scale.stride(), *zs, *rs)
+              *cs, *scale.stride(), *zs, *rs, _fp8_kind(r, lut))
     assert len(fields) == _READ_FIELDS
     keep = (codes, lut, scale, zero, cos, sin)
     ptrs = (ctypes.c_void_p * 6)(*[None if x is None else x.data_ptr() for x in keep])

@@ -273,3 +273,30 @@ def test_a_plan_of_mixed_layouts_decodes_through_the_triton_kernel_as_through_th
         print("ok", err)
     """)
     assert out.startswith("ok")
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3fn", "e5m2"])
+def test_every_fp8_byte_reads_as_its_table_value(dtype):
+    """fp8 tables are converted in registers (through fp16), not looked up: each of the 256 byte patterns
+    (subnormals, both zeros, infinities and NaNs included) reads as its table entry. One value token read at a
+    time, so the output is that token's row."""
+    from sensprof.runtime.kernels.contract import PackedRead
+
+    lut = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).float()
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(1, 1, 4, 64)
+
+    def read(c):
+        return PackedRead(codes=c, scale=torch.ones(1, 1, 1, 1).expand(1, 1, 4, 1), zero=None, lut=lut, bits=8,
+                          token_group=1, channel_group=64, packing="bytes")
+
+    assert cpu_kernels._fp8_kind(read(codes), lut) in (1, 2)
+    empty = torch.zeros(1, 1, 0, 64)
+    for t in range(4):
+        mask = torch.zeros(1, 4, dtype=torch.bool)
+        mask[0, t] = True
+        args = dict(q=torch.zeros(1, 2, 64), k=read(torch.zeros_like(codes)), v=read(codes), k_tail=empty,
+                    v_tail=empty)
+        got = _read_by_c(args, dict(scaling=1.0, mask=mask))
+        want = lut[codes[0, 0, t].long()].expand(2, 64)
+        assert torch.allclose(got[0], want, rtol=0, atol=0, equal_nan=True), t
