@@ -1,23 +1,32 @@
 """Engine formats the runtime stores as the engine does, and reads packed (the rest are emulated for profiling only).
 
-vLLM's int4_per_token_head: Hadamard-rotated K / V, 4-bit codes per (token, head) with one fp32 word holding the
-scale and, in its low 4 mantissa bits, the zero-point (engines/vllm/per_token_head.py has the facts). The runtime
-keeps exactly those bytes (the codes as 4 bit-planes: D / 2 bytes, as vLLM's nibbles; the fp32 word), and reads them
-in the rotated basis: the query is rotated for keys and the output rotated back for values, as vLLM's kernel does.
+Each layout packs a chunk of K or V into a Quantized (codes, scale, zero), reads it back densely (exactly the
+profiler's emulation, for prefill) and describes it as a PackedRead for the decode kernels, in the engine's basis:
+a rotated layout also says how to rotate the query and the dense tail into it, and the output back.
+
+- vLLM int4_per_token_head: Hadamard-rotated K / V, 4-bit codes per (token, head) with one fp32 word holding the
+  scale and, in its low 4 mantissa bits, the zero-point (engines/vllm/per_token_head.py). Held as vLLM holds it: the
+  codes as 4 bit-planes (D / 2 bytes, as its nibbles) and the fp32 word, decoded per read (T values, not T x D).
+- vLLM TurboQuant (engines/vllm/turboquant.py): Lloyd-Max keys of the Hadamard-rotated unit key, read as
+  centroid[code] times a per-token scale (the fp16 norm times vLLM's norm correction, computed once at append and
+  held in fp32: 2 bytes per token and head more than vLLM's fp16 norm); fp8 keys (k8v4, and Ampere's e4b15) as
+  their bit patterns' table; values min/max per (token, head) with fp16 scale and zero, as vLLM holds them.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..engines.vllm import turboquant as tq
 from ..engines.vllm.per_token_head import ZP_MASK, largest_pow2_divisor, quantize_int4, single_rht
+from ..engines.vllm.turboquant_codebook import centroids, hadamard
 from ..quant import Quantized
 from .kernels import PackedRead
 
 
 class Int4PerTokenHead:
-    bits = 4
     rotated = True
+    packing = "planes"
 
     def pack(self, y: torch.Tensor, ops) -> Quantized:
         """y [B, H, T, D] in the model dtype -> bit-planes [4, B, H, T, D / 8] and the fp32 word [B, H, T, 1]."""
@@ -32,15 +41,16 @@ class Int4PerTokenHead:
         scale = (bits & -16).view(torch.float32)
         return scale, -(bits & ZP_MASK).float() * scale
 
-    def read(self, codes: torch.Tensor, word: torch.Tensor) -> PackedRead:
+    def read(self, q: Quantized) -> PackedRead:
         """The rotated values as a kernel reads them: code * scale + (-zp * scale)."""
-        scale, zero = self.scale_zero(word)
+        codes, (scale, zero) = q.codes, self.scale_zero(q.scale)
         lut = torch.arange(16, dtype=torch.float32, device=codes.device)
         return PackedRead(codes=codes, scale=scale, zero=zero, lut=lut, bits=4, token_group=1,
                           channel_group=codes.shape[-1] * 8, offset=0.0)
 
-    def dense(self, codes: torch.Tensor, word: torch.Tensor, ops) -> torch.Tensor:
-        """Tokens back in the model's basis (float32), as the profiler's emulation computes them."""
+    def dense(self, q: Quantized, lo: int, hi: int, ops) -> torch.Tensor:
+        """Tokens [lo, hi) back in the model's basis (float32), as the profiler's emulation computes them."""
+        codes, word = q.codes[:, :, :, lo:hi], q.scale[:, :, lo:hi]
         scale, _ = self.scale_zero(word)
         zp = (word.view(torch.int32) & ZP_MASK).float()
         rotated = (ops.unpack_float(codes, 4) - zp) * scale
@@ -59,10 +69,107 @@ class Int4PerTokenHead:
         return single_rht(q.float()) / largest_pow2_divisor(q.shape[-1])
 
 
-LAYOUTS = {"vllm.int4_per_token_head": Int4PerTokenHead}
+class TurboQuantKeys:
+    """Lloyd-Max codes of the rotated unit key; the kernel scores the rotated query (q @ H) against
+    centroid[code] * scale, as vLLM's decode kernel does."""
+
+    rotated = True
+    packing = "planes"
+
+    def __init__(self, bits: int, norm_correction: bool):
+        self.bits, self.nc = bits, norm_correction
+
+    def pack(self, y: torch.Tensor, ops) -> Quantized:
+        idx, norm16 = tq.quantize_key_mse(y, self.bits)
+        c = centroids(y.shape[-1], self.bits).to(y.device)[idx]
+        scale = norm16.float()
+        if self.nc:
+            scale = scale * (1.0 / torch.sqrt((c * c).sum(-1) + 1e-16))
+        return Quantized(ops.pack_bitplanes(idx, self.bits), scale.unsqueeze(-1).contiguous(), None)
+
+    def read(self, q: Quantized) -> PackedRead:
+        lut = centroids(q.codes.shape[-1] * 8, self.bits).to(q.codes.device).float()
+        return PackedRead(codes=q.codes, scale=q.scale, zero=None, lut=lut, bits=self.bits, token_group=1,
+                          channel_group=q.codes.shape[-1] * 8)
+
+    def dense(self, q: Quantized, lo: int, hi: int, ops) -> torch.Tensor:
+        codes = q.codes[:, :, :, lo:hi]
+        lut = centroids(codes.shape[-1] * 8, self.bits).to(codes.device).float()
+        rotated = lut[ops.unpack_float(codes, self.bits).long()] * q.scale[:, :, lo:hi]
+        return self.from_rotated(rotated)
+
+    @staticmethod
+    def to_rotated(x: torch.Tensor) -> torch.Tensor:
+        return x.float() @ hadamard(x.shape[-1]).to(x.device)
+
+    from_rotated = to_rotated  # H is symmetric and orthonormal: its own inverse
+    query = to_rotated
+
+
+class TurboQuantFp8Keys:
+    """k8v4 keys: fp8 bit patterns, no scale, no rotation (`e4b15`: Triton's fp8e4b15 on GPUs before sm89)."""
+
+    rotated = False
+    packing = "bytes"
+
+    def __init__(self, e4b15: bool = False):
+        self.write = tq.quantize_key_fp8_e4b15 if e4b15 else tq.quantize_key_fp8
+        self.decode = tq.dequantize_key_fp8_e4b15 if e4b15 else tq.dequantize_key_fp8
+
+    def pack(self, y: torch.Tensor, ops) -> Quantized:
+        codes = self.write(y)
+        return Quantized(codes, codes.new_empty(*codes.shape[:-1], 0, dtype=torch.float32), None)  # no scale
+
+    def read(self, q: Quantized) -> PackedRead:
+        b, h, t, d = q.codes.shape
+        table = self.decode(torch.arange(256, dtype=torch.int32).to(torch.uint8).to(q.codes.device)).float()
+        one = torch.ones(1, 1, 1, 1, device=q.codes.device).expand(b, h, t, 1)
+        return PackedRead(codes=q.codes, scale=one, zero=None, lut=table, bits=8, token_group=1, channel_group=d,
+                          packing="bytes")
+
+    def dense(self, q: Quantized, lo: int, hi: int, ops) -> torch.Tensor:
+        return self.decode(q.codes[:, :, lo:hi])
+
+
+class TurboQuantValues:
+    """Values min/max per (token, head): codes as bit-planes, fp16 scale and zero as vLLM holds them."""
+
+    rotated = False
+    packing = "planes"
+
+    def __init__(self, bits: int):
+        self.bits = bits
+
+    def pack(self, y: torch.Tensor, ops) -> Quantized:
+        codes, scale, zero = tq.quantize_value(y, self.bits)
+        return Quantized(ops.pack_bitplanes(codes, self.bits), scale.unsqueeze(-1).contiguous(),
+                         zero.unsqueeze(-1).contiguous())
+
+    def read(self, q: Quantized) -> PackedRead:
+        d = q.codes.shape[-1] * 8
+        lut = torch.arange(2 ** self.bits, dtype=torch.float32, device=q.codes.device)
+        return PackedRead(codes=q.codes, scale=q.scale, zero=q.zero, lut=lut, bits=self.bits, token_group=1,
+                          channel_group=d, offset=0.0)
+
+    def dense(self, q: Quantized, lo: int, hi: int, ops) -> torch.Tensor:
+        codes = ops.unpack_float(q.codes[:, :, :, lo:hi], self.bits)
+        return tq.dequantize_value(codes, q.scale[:, :, lo:hi, 0], q.zero[:, :, lo:hi, 0])
+
+
+def _turboquant() -> dict:
+    out = {}
+    for preset, (kb, vb, nc) in tq.PRESETS.items():
+        out[f"vllm.{preset}.K"] = (lambda kb=kb, nc=nc: TurboQuantFp8Keys() if kb == 8 else TurboQuantKeys(kb, nc))
+        out[f"vllm.{preset}.V"] = (lambda vb=vb: TurboQuantValues(vb))
+    out["vllm.turboquant_k8v4_e4b15.K"] = lambda: TurboQuantFp8Keys(e4b15=True)
+    return out
+
+
+LAYOUTS = {"vllm.int4_per_token_head": Int4PerTokenHead, **_turboquant()}
 
 
 def engine_layout(scheme):
-    """The runtime layout of an engine scheme, or None when the runtime does not store it."""
-    cls = LAYOUTS.get(scheme.emulation)
-    return None if cls is None else cls()
+    """The runtime layout of an engine scheme (a tensor-specific one first), or None when the runtime does not
+    store it."""
+    make = LAYOUTS.get(f"{scheme.emulation}.{scheme.tensor}") or LAYOUTS.get(scheme.emulation)
+    return None if make is None else make()

@@ -31,8 +31,8 @@ def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
     """Why the runtime cannot store this scheme, or None."""
     if scheme.is_engine and engine_layout(scheme) is None:
         return (f"{scheme.name} is vLLM's own format, emulated for profiling and validation; of vLLM's formats the "
-                f"runtime stores {', '.join(sorted(n.split('.', 1)[1] for n in LAYOUTS))}")
-    if scheme.format == "int" and scheme.granularity in ("token", "channel") and head_dim % 8:
+                f"runtime stores {', '.join(sorted({n.split('.')[1] for n in LAYOUTS}))}")
+    if (scheme.format == "int" and scheme.granularity in ("token", "channel") or scheme.is_engine) and head_dim % 8:
         return f"bit-plane packing needs head_dim divisible by 8 (got {head_dim})"
     return None
 
@@ -121,7 +121,8 @@ class TensorStore:
         # full precision [B, H, T, D], not yet due for quantization (at most residual + group - 1 tokens once due)
         self._pending = GrowingBuffer(2, ROOM_KEPT + 2 * (scheme.residual + (scheme.group or 0)))
         # float8 codes [B, H, T, ...]; bit-planes [bits, B, H, T, D/8]
-        self._codes = GrowingBuffer(2 if scheme.codec == "fp8" else 3, ROOM_KEPT)
+        bytes_ = scheme.codec == "fp8" or (self.engine is not None and self.engine.packing == "bytes")
+        self._codes = GrowingBuffer(2 if bytes_ else 3, ROOM_KEPT)
         self._grows = scheme.granularity in ("token", "channel")  # per-group parameters grow along dim 2
         per = ROOM_KEPT // scheme.group if scheme.granularity == "channel" else ROOM_KEPT  # a channel group: G tokens
         self._scale, self._zero = GrowingBuffer(2, per), GrowingBuffer(2, per)
@@ -255,7 +256,7 @@ class TensorStore:
         Table-driven unpacking and in-place scaling: no grouped copies of the cache."""
         s = self.scheme
         if self.engine is not None:
-            return self.engine.dense(q.codes[:, :, :, lo:hi], q.scale[:, :, lo:hi], self._kernels(q.codes.device))
+            return self.engine.dense(q, lo, hi, self._kernels(q.codes.device))
         if s.codec == "fp8":
             if s.granularity == "token":
                 deq = dequantize_groups(Quantized(q.codes[:, :, lo:hi], q.scale[:, :, lo:hi], None), s)
@@ -340,7 +341,7 @@ class TensorStore:
             return None
         body, s = self._body(), self.scheme
         if self.engine is not None:
-            return self.sink.shape[-2], n, self.engine.read(body.codes, body.scale)
+            return self.sink.shape[-2], n, self.engine.read(body)
         b, h = self.sink.shape[:2]
         d = self.sink.shape[-1]
         lut, offset = _code_table(s, body.codes.device)

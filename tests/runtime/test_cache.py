@@ -44,6 +44,10 @@ def _fake_quant_logprobs(model, plan, ids):
     # vLLM's own formats: rotated int4 per token-head (stored and read as vLLM does), fp8 with the query cast too
     ("llama", [("int4_per_token_head", "int4_per_token_head"), ("fp8_e4m3_qfp8", "fp8_e4m3"),
                ("int4_per_token_head", "none")]),
+    ("llama", [("turboquant_4bit_nc.K", "turboquant_4bit_nc.V"), ("turboquant_k8v4.K", "turboquant_k8v4.V"),
+               ("turboquant_3bit_nc.K", "turboquant_3bit_nc.V")]),
+    ("llama", [("turboquant_k3v4_nc.K", "int4_t32"), ("turboquant_k8v4_e4b15.K", "none"),
+               ("int4_c32", "turboquant_3bit_nc.V")]),
     ("gemma3", [("int4_c32", "int4_t32"), ("int2_t32_s2", "fp8_e4m3_cal"), ("int8_per_token_head", "none")]),
 ])
 def test_decoding_matches_the_profilers_fake_quantization(arch, pairs, device):

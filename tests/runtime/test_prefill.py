@@ -14,6 +14,8 @@ PAIRS = {
     "llama": [("int4_c32", "int4_t32"), ("int3_c32_r16_s4", "int5_t64"), ("q4_0", "fp8_e4m3")],
     "llama-vllm": [("int4_per_token_head", "int4_per_token_head"), ("fp8_e4m3_qfp8", "fp8_e4m3"),
                    ("int4_per_token_head", "int4_t32")],
+    "llama-turboquant": [("turboquant_4bit_nc.K", "turboquant_4bit_nc.V"), ("turboquant_k8v4.K", "turboquant_k8v4.V"),
+                         ("turboquant_k3v4_nc.K", "turboquant_3bit_nc.V")],
     "gemma3": [("int4_c32", "int4_t32"), ("int2_c32_s2", "int8_per_token_head"), ("int3_c32_r8", "int4_t32")],
 }
 
@@ -29,7 +31,7 @@ def _prefill_logprobs(model, cache, ids, chunks):
     return torch.cat(out, 1).log_softmax(-1)
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama-vllm", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "llama-vllm", "llama-turboquant", "gemma3"])
 @pytest.mark.parametrize("chunks", [[70], [33, 1, 36], [5, 40, 25]])
 def test_prefill_reads_what_the_profiler_measured(arch, chunks, device):
     model = make_tiny_model(arch.split("-")[0]).to(device)
