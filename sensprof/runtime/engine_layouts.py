@@ -11,13 +11,18 @@ a rotated layout also says how to rotate the query and the dense tail into it, a
   centroid[code] times a per-token scale (the fp16 norm times vLLM's norm correction, computed once at append and
   held in fp32: 2 bytes per token and head more than vLLM's fp16 norm); fp8 keys (k8v4, and Ampere's e4b15) as
   their bit patterns' table; values min/max per (token, head) with fp16 scale and zero, as vLLM holds them.
+- vLLM nvfp4 / nvfp4_4over6 and ultraquant_4bit: E2M1 codes (a 16-entry table) with one scale byte per block (e4m3
+  per 16; UE8M0 per 32, ultraquant's keys Hadamard-rotated), held as vLLM holds them; the scale bytes are decoded per
+  read (T x D / 16 values).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..engines.vllm import nvfp4 as fp4
 from ..engines.vllm import turboquant as tq
+from ..engines.vllm import ultraquant as uq
 from ..engines.vllm.per_token_head import ZP_MASK, largest_pow2_divisor, quantize_int4, single_rht
 from ..engines.vllm.turboquant_codebook import centroids, hadamard
 from ..quant import Quantized
@@ -156,6 +161,65 @@ class TurboQuantValues:
         return tq.dequantize_value(codes, q.scale[:, :, lo:hi, 0], q.zero[:, :, lo:hi, 0])
 
 
+def _nibbles(data: torch.Tensor) -> torch.Tensor:
+    """vLLM's packed nibbles (element 2i in the low nibble of byte i) -> one code a byte."""
+    return torch.stack([data & 0xF, data >> 4], dim=-1).reshape(*data.shape[:-1], data.shape[-1] * 2)
+
+
+def _e2m1_table(device) -> torch.Tensor:
+    return torch.tensor(uq._BITS_TO_VALUE, dtype=torch.float32, device=device)
+
+
+class E2M1Blocks:
+    """E2M1 codes times a per-block scale byte (nvfp4: e4m3 per 16 values; ultraquant: UE8M0 per 32)."""
+
+    packing = "planes"
+
+    def __init__(self, group: int, quantize, decode_scale, rotate=None):
+        self.group, self.quantize, self.decode_scale, self.rotate = group, quantize, decode_scale, rotate
+        self.rotated = rotate is not None
+
+    def pack(self, y: torch.Tensor, ops) -> Quantized:
+        data, scale = self.quantize(y)
+        return Quantized(ops.pack_bitplanes(_nibbles(data), 4), scale.view(torch.uint8).contiguous(), None)
+
+    def read(self, q: Quantized) -> PackedRead:
+        return PackedRead(codes=q.codes, scale=self.decode_scale(q.scale), zero=None, lut=_e2m1_table(q.codes.device),
+                          bits=4, token_group=1, channel_group=self.group)
+
+    def dense(self, q: Quantized, lo: int, hi: int, ops) -> torch.Tensor:
+        values = _e2m1_table(q.codes.device)[ops.unpack_float(q.codes[:, :, :, lo:hi], 4).long()]
+        values = values * self.decode_scale(q.scale[:, :, lo:hi]).repeat_interleave(self.group, dim=-1)
+        return values if self.rotate is None else self.rotate(values)
+
+    def to_rotated(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rotate(x)
+
+    from_rotated = to_rotated  # ultraquant's normalised Hadamard is its own inverse
+    query = to_rotated
+
+
+def _e4m3(scale_bytes: torch.Tensor) -> torch.Tensor:
+    return scale_bytes.view(torch.float8_e4m3fn).float()
+
+
+def _ue8m0(scale_bytes: torch.Tensor) -> torch.Tensor:
+    b = scale_bytes.to(torch.int32)
+    return torch.where(b == 0, torch.zeros_like(b, dtype=torch.float32), torch.exp2((b - uq.BIAS).float()))
+
+
+def _fp4_layouts() -> dict:
+    return {
+        "vllm.nvfp4": lambda: E2M1Blocks(fp4.BLOCK, fp4.quantize_nvfp4, _e4m3),
+        "vllm.nvfp4_4over6": lambda: E2M1Blocks(fp4.BLOCK, lambda y: fp4.quantize_nvfp4(y, four_over_six=True),
+                                                _e4m3),
+        "vllm.ultraquant_4bit.K": lambda: E2M1Blocks(uq.GROUP, lambda y: uq.quantize_ultraquant(y, rotate=True),
+                                                     _ue8m0, uq.hadamard_rotate),
+        "vllm.ultraquant_4bit.V": lambda: E2M1Blocks(uq.GROUP, lambda y: uq.quantize_ultraquant(y, rotate=False),
+                                                     _ue8m0),
+    }
+
+
 def _turboquant() -> dict:
     out = {}
     for preset, (kb, vb, nc) in tq.PRESETS.items():
@@ -165,7 +229,7 @@ def _turboquant() -> dict:
     return out
 
 
-LAYOUTS = {"vllm.int4_per_token_head": Int4PerTokenHead, **_turboquant()}
+LAYOUTS = {"vllm.int4_per_token_head": Int4PerTokenHead, **_turboquant(), **_fp4_layouts()}
 
 
 def engine_layout(scheme):

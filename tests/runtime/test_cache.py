@@ -153,3 +153,24 @@ def test_a_head_dim_the_triton_tiles_cannot_span_is_read_densely():
         decode_logprobs(model, cache, ids)
         steps[name] = cache.layers[0].packed_steps
     assert steps["reference"] > 0 and steps["triton-like"] == 0
+
+
+@pytest.mark.parametrize("pair", [("nvfp4", "nvfp4"), ("nvfp4_4over6_qfp8", "nvfp4_4over6"),
+                                  ("ultraquant_4bit.K", "ultraquant_4bit.V")])
+def test_vllm_fp4_layouts_decode_as_the_profiler_measured(pair, device):
+    """E2M1 codes with a scale byte per block (nvfp4: e4m3 per 16; ultraquant: UE8M0 per 32, rotated keys and an fp8
+    query), held as vLLM holds them (head_dim 64, the least they take), one quantized layer at a time."""
+    from conftest import _common
+
+    cfg = tf.LlamaConfig(**_common(head_dim=64))
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(cfg).eval().to(device)
+    model.set_attn_implementation("eager")
+    ids = torch.randint(3, 300, (2, 70), generator=torch.Generator().manual_seed(1)).to(device)
+    plan = make_plan(model, [pair, ("none", "none"), ("none", "none")], _calibration(model, ids))
+    ref = _fake_quant_logprobs(model, plan, ids)
+    cache = PlannedCache.from_plan(plan, model)
+    run = decode_logprobs(model, cache, ids)
+    assert (run - ref).abs().max() < 1e-4 and cache.layers[0].packed_steps == ids.shape[1]
+    per_token_head = 64 // 2 + 64 // (16 if pair[0].startswith("nvfp4") else 32)  # codes, then one byte a block
+    assert cache.layers[0].nbytes() == 2 * ids.shape[0] * cfg.num_key_value_heads * ids.shape[1] * per_token_head
