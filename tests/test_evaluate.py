@@ -225,16 +225,17 @@ def test_uniform_references_closest_not_below_and_unstorable_skipped(model, monk
     assert list(configs) == [BASELINE, PLAN, "uniform fp8_e4m3"] and kinds["uniform fp8_e4m3"] == "uniform"
     assert not notes
     assert list(eval_configs(plan, model, "none")[0]) == [BASELINE, PLAN]
-    monkeypatch.setitem(sv.UNIFORM, "uniform KIVI-4 keys before RoPE", ("int4_c32_pre", "int4_t32"))
+    # calibrated scales the plan does not carry: the runtime cannot store them
+    monkeypatch.setitem(sv.UNIFORM, "uniform calibrated fp8", ("fp8_e4m3_cal", "fp8_e4m3_cal"))
     configs, _, notes = eval_configs(plan, model, "all")
-    assert "uniform KIVI-2 (int2_c32 / int2_t32)" in configs and "uniform KIVI-4 keys before RoPE" not in configs
-    assert len(notes) == 1 and notes[0].startswith("skipped uniform KIVI-4 keys before RoPE") and "RoPE" in notes[0]
+    assert "uniform KIVI-2 (int2_c32 / int2_t32)" in configs and "uniform calibrated fp8" not in configs
+    assert len(notes) == 1 and notes[0].startswith("skipped uniform calibrated fp8") and "calibrated" in notes[0]
     high = _plan(model, [("none", "int8_per_token_head")] * 3)  # 12 bits: nothing above, the largest below
     configs, _, notes = eval_configs(high, model, "auto")
     assert list(configs)[2:] == ["uniform int8_per_token_head"] and "largest" in notes[-1]
     with pytest.raises(SensprofError, match="--uniform"):
         eval_configs(plan, model, "some")
-    bad = _plan(model, [("int4_c32_pre", "none")] * 3)
+    bad = _plan(model, [("fp8_e4m3_cal", "none")] * 3)
     with pytest.raises(SensprofError, match="cannot be run through the runtime cache"):
         eval_configs(bad, model)
 
