@@ -322,7 +322,7 @@ def decode_attention(q: torch.Tensor, k: PackedRead, v: PackedRead, k_tail: torc
     hkv, t, tt = k_tail.shape[1], k.tokens, k_tail.shape[2]
     tensors = [q, k.codes, v.codes, k_tail, v_tail] + ([] if mask is None else [mask])
     fallback = (not _readable(*tensors) or v.tokens != t or hq % hkv or d % 8 or k.head_dim != d or v.head_dim != d
-                or d > _MAX_PACKED_DIM
+                or d > _MAX_PACKED_DIM or v.rope is not None  # RoPE is the keys' (the reference rotates anything)
                 or (mask is not None and tuple(mask.shape) != (b, t + tt)))
     if fallback:
         return reference.decode_attention(q, k, v, k_tail, v_tail, scaling=scaling, mask=mask)

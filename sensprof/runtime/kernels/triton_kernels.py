@@ -292,10 +292,11 @@ def decode_attention_in_splits(q: torch.Tensor, k: PackedRead, v: PackedRead, k_
                                mask: torch.Tensor | None = None) -> torch.Tensor:
     """decode_attention cutting the tokens into `n_splits` slices (None: enough to fill the GPU). Reads any
     layout in place (token slices are strided views, not copies); batch rows of different lengths are the mask.
-    Head dims that are not a power of two, and reads whose K and V differ in length, go to the reference."""
+    Head dims that are not a power of two, reads whose K and V differ in length, and values with RoPE tables (RoPE
+    is the keys') go to the reference."""
     b, hq, d = q.shape
     hkv, t, tt = k_tail.shape[1], k.tokens, k_tail.shape[2]
-    if not _tileable(d) or hq % hkv or v.tokens != t or k.head_dim != d or v.head_dim != d:
+    if not _tileable(d) or hq % hkv or v.tokens != t or k.head_dim != d or v.head_dim != d or v.rope is not None:
         return reference.decode_attention(q, k, v, k_tail, v_tail, scaling=scaling, mask=mask)
     rep = hq // hkv
     # enough programs to fill the GPU at batch 1 (splits), few enough that merging them stays cheap
