@@ -127,9 +127,9 @@ def test_plan_for_another_model_and_unstorable_schemes_are_refused():
     plan = make_plan(model, [("int4_c32", "int4_t32")] * 3, [{}] * 3)
     with pytest.raises(SensprofError, match="was made for model fingerprint"):
         PlannedCache.from_plan(plan, make_tiny_model("llama", seed=1))
-    nvfp4 = make_plan(model, [("nvfp4", "nvfp4")] * 3, [{}] * 3)
-    with pytest.raises(SensprofError, match="cannot store scheme 'nvfp4'.*stores int4_per_token_head"):
-        PlannedCache.from_plan(nvfp4, model)
+    octave = make_plan(model, [("octave_k3v4.K", "octave_k3v4.V")] * 3, [{}] * 3)  # ROCm's mixed 4/3-bit codes
+    with pytest.raises(SensprofError, match="cannot store scheme 'octave_k3v4.K'.*stores int4_per_token_head"):
+        PlannedCache.from_plan(octave, model)
     cal = make_plan(model, [("fp8_e4m3_cal", "none")] * 3, [{}] * 3)
     with pytest.raises(SensprofError, match="calibrated"):
         PlannedCache.from_plan(cal, model)
