@@ -127,9 +127,10 @@ def test_plan_for_another_model_and_unstorable_schemes_are_refused():
     plan = make_plan(model, [("int4_c32", "int4_t32")] * 3, [{}] * 3)
     with pytest.raises(SensprofError, match="was made for model fingerprint"):
         PlannedCache.from_plan(plan, make_tiny_model("llama", seed=1))
-    octave = make_plan(model, [("octave_k3v4.K", "octave_k3v4.V")] * 3, [{}] * 3)  # ROCm's mixed 4/3-bit codes
+    wide = _bf16_llama()  # head_dim 64, the least Octave takes
+    octave = make_plan(wide, [("octave_k3v4.K", "octave_k3v4.V")] * 2, [{}] * 2)  # ROCm's mixed 4/3-bit codes
     with pytest.raises(SensprofError, match="cannot store scheme 'octave_k3v4.K'.*stores int4_per_token_head"):
-        PlannedCache.from_plan(octave, model)
+        PlannedCache.from_plan(octave, wide)
     cal = make_plan(model, [("fp8_e4m3_cal", "none")] * 3, [{}] * 3)
     with pytest.raises(SensprofError, match="calibrated"):
         PlannedCache.from_plan(cal, model)
