@@ -6,7 +6,7 @@ cache alike), and print decode tokens/s and the cache's bytes, for DynamicCache 
 transformers' QuantizedCache (quanto and hqq backends, 4-bit) and PlannedCache (a uniform 4-bit plan and,
 with --plan, a plan of yours). The QuantizedCache backends come with the `bench` extra:
     pip install -e '.[bench]'          # optimum-quanto and hqq
-    python benchmarks/runtime.py [--contexts 1024,4096,8128] [--steps 16] [--plan plans/kivi4-memory.json]
+    python benchmarks/runtime.py [--contexts 1024,4096,8128] [--steps 16] [--plan P.json ...] [--examples]
     python benchmarks/runtime.py --quick  # one context of 256 tokens, 4 steps: a check, not a measurement
 A cache that cannot run is reported on its row with the exception's type and message.
 """
@@ -96,7 +96,9 @@ def run_interleaved(model, kw, caches, ids, steps):
                 results[name] = e
                 del state[name]
     for name, (cache, _) in state.items():
-        results[name] = (steps / spent[name], cache_bytes(cache))
+        packed = [getattr(layer, "packed_steps", None) for layer in cache.layers]
+        share = None if None in packed else sum(packed) / (len(packed) * steps)
+        results[name] = (steps / spent[name], cache_bytes(cache), share)
     return {name: results[name] for name in caches}
 
 
@@ -112,7 +114,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", default="1024,4096,8128")
     ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--plan", default=None, help="also measure this plan (for smollm2-135m)")
+    ap.add_argument("--plan", action="append", default=[], help="also measure this plan (for smollm2-135m); repeatable")
+    ap.add_argument("--examples", action="store_true",
+                    help="also measure every example plan plans/make_examples.sh writes (plans/smollm2-135m-*bits.json)")
     ap.add_argument("--quick", action="store_true",
                     help="one context of 256 tokens and 4 decode steps (overrides --contexts and --steps): checks "
                          "that every cache runs in about a minute, its speeds are not a measurement")
@@ -129,9 +133,15 @@ def main():
         "PlannedCache int4_c32/int4_t32": lambda: PlannedCache.from_plan(uniform_plan(model, "int4_c32", "int4_t32"),
                                                                          model),
     }
-    if args.plan:
-        plan = load_plan(args.plan)
-        caches[f"PlannedCache {args.plan}"] = lambda: PlannedCache.from_plan(plan, model)
+    paths = list(args.plan)
+    if args.examples:
+        import glob
+
+        paths += sorted(glob.glob("plans/smollm2-135m-*bits.json"), key=lambda p: ("vllm" in p, len(p), p))
+    for path in paths:
+        plan = load_plan(path)
+        caches[f"PlannedCache {path.removeprefix('plans/smollm2-135m-')}"] = (
+            lambda plan=plan: PlannedCache.from_plan(plan, model))
     print(f"smollm2-135m on CPU, torch threads {torch.get_num_threads()}, {args.steps} decode steps after prefill")
     warm = load_windows(loaded.tokenizer, None, seq_len=64, windows=1, seed=1)[0]
     for make in caches.values():  # first calls compile extensions (quanto) and warm allocators
@@ -139,14 +149,15 @@ def main():
             run(model, kw, make, warm, 1)
         except Exception:
             pass
-    print(f"{'cache':<44}{'context':>8}{'tokens/s':>10}{'cache MiB':>11}")
+    print(f"{'cache':<44}{'context':>8}{'tokens/s':>10}{'cache MiB':>11}  packed decode steps")
     for n in (int(x) for x in args.contexts.split(",")):
         ids = load_windows(loaded.tokenizer, None, seq_len=n, windows=1, seed=0)[0]
         for name, result in run_interleaved(model, kw, caches, ids, args.steps).items():
             if isinstance(result, Exception):
                 print(f"{name:<44}{n:>8}  failed: {why(result)}", flush=True)
             else:
-                print(f"{name:<44}{n:>8}{result[0]:>10.2f}{result[1] / 2**20:>11.2f}", flush=True)
+                share = "" if result[2] is None else f"  {result[2]:.0%}"
+                print(f"{name:<44}{n:>8}{result[0]:>10.2f}{result[1] / 2**20:>11.2f}{share}", flush=True)
 
 
 if __name__ == "__main__":
