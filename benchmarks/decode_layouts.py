@@ -7,9 +7,11 @@ move the figures less than wall time would. Median of 7 interleaved rounds of 30
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
-sys.path.insert(0, "tests")
+# the test helpers' `runtime` folder is a namespace package, which this folder's runtime.py would shadow
+sys.path[0] = str(Path(__file__).resolve().parents[1] / "tests")
 from dataclasses import replace
 from runtime.kernels.packed import store_reads, rope_tables
 from sensprof.runtime.kernels import cpu_kernels

@@ -318,6 +318,21 @@ typedef struct {
     int64_t soff[SP_MAXCHUNKS], zoff[SP_MAXCHUNKS]; /* broadcast: each 8 channels' parameter offset in its row */
 } read_t;
 
+/* the 8 codes of channels 8j .. 8j+7 of the token whose codes start at c, a byte each (little-endian) */
+static inline uint64_t codes8(const read_t *r, const uint8_t *c, int64_t j) {
+    uint64_t w = 0;
+    if (r->bytes)
+        memcpy(&w, c + 8 * j, 8);
+    else
+        for (int k = 0; k < r->bits; k++) w |= SPREAD[c[k * r->cs[0] + j]] << k;
+    return w;
+}
+
+/* a code's value before scaling: the affine offset or the table */
+static inline float code_value(const read_t *r, uint8_t code) {
+    return r->affine ? (float)code - r->offset : r->lut[code];
+}
+
 enum { SP_P_BROADCAST, SP_P_VECTOR, SP_P_EXPAND }; /* one parameter per 8 channels; 8 contiguous; anything else */
 
 /* One decode step is cut into items, (sequence, KV head, slice of the packed tokens); the last slice of a
@@ -499,12 +514,7 @@ static inline __m256 raw8(const read_t *r, const uint8_t *c, int64_t j) {
         return _mm256_blendv_ps(v, _mm256_set1_ps(NAN), nan); /* S.1111.111: e4m3fn's NaN */
     }
 #endif
-    uint64_t w = 0;
-    if (r->bytes)
-        memcpy(&w, c + 8 * j, 8);
-    else
-        for (int k = 0; k < r->bits; k++) w |= SPREAD[c[k * r->cs[0] + j]] << k;
-    const __m256i idx = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)w));
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)codes8(r, c, j)));
     return r->affine ? _mm256_sub_ps(_mm256_cvtepi32_ps(idx), _mm256_set1_ps(r->offset))
                      : _mm256_i32gather_ps(r->lut, idx, 4);
 }
@@ -530,16 +540,11 @@ static void dequant_row(const read_t *r, int64_t b, int64_t h, int64_t t, int64_
 #else
     for (int64_t j = 0; j < D / 8; j++) {
         uint8_t b8[8];
-        if (r->bytes) {
-            memcpy(b8, c + 8 * j, 8);
-        } else {
-            uint64_t w = 0;
-            for (int k = 0; k < r->bits; k++) w |= SPREAD[c[k * r->cs[0] + j]] << k;
-            memcpy(b8, &w, 8);
-        }
+        const uint64_t w = codes8(r, c, j);
+        memcpy(b8, &w, 8);
         for (int i = 0; i < 8; i++) {
             const int64_t d = 8 * j + i, k = d / r->cg;
-            const float v = r->affine ? (float)b8[i] - r->offset : r->lut[b8[i]];
+            const float v = code_value(r, b8[i]);
             const float sv = r->smode == SP_P_EXPAND ? ps[d] : param(sp, r->s32, k * r->ss[3]);
             const float zv = !zp ? 0.0f : (r->zmode == SP_P_EXPAND ? pz[d] : param(zp, r->z32, k * r->zs[3]));
             row[d] = v * sv + zv;
@@ -661,14 +666,9 @@ static inline __attribute__((always_inline)) void folded_key_scores(const read_t
     float v[8 * SP_MAXCHUNKS];
     for (int64_t j = 0; j < D / 8; j++) {
         uint8_t b8[8];
-        if (r->bytes) {
-            memcpy(b8, c + 8 * j, 8);
-        } else {
-            uint64_t w = 0;
-            for (int k = 0; k < r->bits; k++) w |= SPREAD[c[k * r->cs[0] + j]] << k;
-            memcpy(b8, &w, 8);
-        }
-        for (int i = 0; i < 8; i++) v[8 * j + i] = r->affine ? (float)b8[i] - r->offset : r->lut[b8[i]];
+        const uint64_t w = codes8(r, c, j);
+        memcpy(b8, &w, 8);
+        for (int i = 0; i < 8; i++) v[8 * j + i] = code_value(r, b8[i]);
     }
     for (int64_t i = 0; i < REP; i++) s[i * n] = base[i] + dot(qf + i * D, v, D);
 }
