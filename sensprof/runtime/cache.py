@@ -119,8 +119,10 @@ class PlannedLayer(DynamicLayer):
         mask = None if valid is None else torch.cat([valid[:, a:b], valid[:, :a], valid[:, b:]], dim=-1)
         q = self.attention_query(query)[:, :, 0]
         if ks.engine is not None and ks.engine.rotated:  # an engine's rotated basis: rotate the query and the tail
-            q, k_tail = ks.engine.query(q).to(query.dtype), ks.engine.to_rotated(k_tail).to(k_tail.dtype)
-        if vs.engine is not None and vs.engine.rotated:
+            q = ks.engine.query(q).to(query.dtype)
+            if k_tail.shape[-2]:
+                k_tail = ks.engine.to_rotated(k_tail).to(k_tail.dtype)
+        if vs.engine is not None and vs.engine.rotated and v_tail.shape[-2]:
             v_tail = vs.engine.to_rotated(v_tail).to(v_tail.dtype)
         out = self.kernels.decode_attention(q, k_body, v_body, k_tail, v_tail, scaling=scaling, mask=mask)
         if vs.engine is not None and vs.engine.rotated:

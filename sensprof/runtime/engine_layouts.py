@@ -18,6 +18,8 @@ a rotated layout also says how to rotate the query and the dense tail into it, a
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..engines.vllm import nvfp4 as fp4
@@ -27,6 +29,28 @@ from ..engines.vllm.per_token_head import ZP_MASK, largest_pow2_divisor, quantiz
 from ..engines.vllm.turboquant_codebook import centroids, hadamard
 from ..quant import Quantized
 from .kernels import PackedRead
+
+
+@functools.lru_cache(maxsize=None)
+def code_table(make, device: str, *args) -> torch.Tensor:
+    """A code table (code -> value before scaling), built once per device: every decode step of every layer reads
+    one. `make(*args)` builds it on the CPU."""
+    return make(*args).float().to(device)
+
+
+def levels(n: int, offset: float = 0.0) -> torch.Tensor:
+    """Integer codes 0 .. n - 1 read as code - offset."""
+    return torch.arange(n, dtype=torch.float32) - offset
+
+
+def patterns(decode) -> torch.Tensor:
+    """What each of the 256 byte patterns decodes to: by a function, or as the bits of a float8 dtype."""
+    b = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    return b.view(decode) if isinstance(decode, torch.dtype) else decode(b)
+
+
+def _e2m1() -> torch.Tensor:
+    return torch.tensor(uq._BITS_TO_VALUE, dtype=torch.float32)
 
 
 class Int4PerTokenHead:
@@ -49,7 +73,7 @@ class Int4PerTokenHead:
     def read(self, q: Quantized) -> PackedRead:
         """The rotated values as a kernel reads them: code * scale + (-zp * scale)."""
         codes, (scale, zero) = q.codes, self.scale_zero(q.scale)
-        lut = torch.arange(16, dtype=torch.float32, device=codes.device)
+        lut = code_table(levels, str(codes.device), 16)
         return PackedRead(codes=codes, scale=scale, zero=zero, lut=lut, bits=4, token_group=1,
                           channel_group=codes.shape[-1] * 8, offset=0.0)
 
@@ -93,13 +117,13 @@ class TurboQuantKeys:
         return Quantized(ops.pack_bitplanes(idx, self.bits), scale.unsqueeze(-1).contiguous(), None)
 
     def read(self, q: Quantized) -> PackedRead:
-        lut = centroids(q.codes.shape[-1] * 8, self.bits).to(q.codes.device).float()
+        lut = code_table(centroids, str(q.codes.device), q.codes.shape[-1] * 8, self.bits)
         return PackedRead(codes=q.codes, scale=q.scale, zero=None, lut=lut, bits=self.bits, token_group=1,
                           channel_group=q.codes.shape[-1] * 8)
 
     def dense(self, q: Quantized, lo: int, hi: int, ops) -> torch.Tensor:
         codes = q.codes[:, :, :, lo:hi]
-        lut = centroids(codes.shape[-1] * 8, self.bits).to(codes.device).float()
+        lut = code_table(centroids, str(codes.device), codes.shape[-1] * 8, self.bits)
         rotated = lut[ops.unpack_float(codes, self.bits).long()] * q.scale[:, :, lo:hi]
         return self.from_rotated(rotated)
 
@@ -127,7 +151,7 @@ class TurboQuantFp8Keys:
 
     def read(self, q: Quantized) -> PackedRead:
         b, h, t, d = q.codes.shape
-        table = self.decode(torch.arange(256, dtype=torch.int32).to(torch.uint8).to(q.codes.device)).float()
+        table = code_table(patterns, str(q.codes.device), self.decode)
         one = torch.ones(1, 1, 1, 1, device=q.codes.device).expand(b, h, t, 1)
         return PackedRead(codes=q.codes, scale=one, zero=None, lut=table, bits=8, token_group=1, channel_group=d,
                           packing="bytes")
@@ -152,7 +176,7 @@ class TurboQuantValues:
 
     def read(self, q: Quantized) -> PackedRead:
         d = q.codes.shape[-1] * 8
-        lut = torch.arange(2 ** self.bits, dtype=torch.float32, device=q.codes.device)
+        lut = code_table(levels, str(q.codes.device), 2 ** self.bits)
         return PackedRead(codes=q.codes, scale=q.scale, zero=q.zero, lut=lut, bits=self.bits, token_group=1,
                           channel_group=d, offset=0.0)
 
@@ -164,10 +188,6 @@ class TurboQuantValues:
 def _nibbles(data: torch.Tensor) -> torch.Tensor:
     """vLLM's packed nibbles (element 2i in the low nibble of byte i) -> one code a byte."""
     return torch.stack([data & 0xF, data >> 4], dim=-1).reshape(*data.shape[:-1], data.shape[-1] * 2)
-
-
-def _e2m1_table(device) -> torch.Tensor:
-    return torch.tensor(uq._BITS_TO_VALUE, dtype=torch.float32, device=device)
 
 
 class E2M1Blocks:
@@ -184,11 +204,11 @@ class E2M1Blocks:
         return Quantized(ops.pack_bitplanes(_nibbles(data), 4), scale.view(torch.uint8).contiguous(), None)
 
     def read(self, q: Quantized) -> PackedRead:
-        return PackedRead(codes=q.codes, scale=self.decode_scale(q.scale), zero=None, lut=_e2m1_table(q.codes.device),
+        return PackedRead(codes=q.codes, scale=self.decode_scale(q.scale), zero=None, lut=code_table(_e2m1, str(q.codes.device)),
                           bits=4, token_group=1, channel_group=self.group)
 
     def dense(self, q: Quantized, lo: int, hi: int, ops) -> torch.Tensor:
-        values = _e2m1_table(q.codes.device)[ops.unpack_float(q.codes[:, :, :, lo:hi], 4).long()]
+        values = code_table(_e2m1, str(q.codes.device))[ops.unpack_float(q.codes[:, :, :, lo:hi], 4).long()]
         values = values * self.decode_scale(q.scale[:, :, lo:hi]).repeat_interleave(self.group, dim=-1)
         return values if self.rotate is None else self.rotate(values)
 

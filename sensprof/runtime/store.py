@@ -23,7 +23,7 @@ from ..quant import (
 )
 from ..rope import apply_rope, undo_rope
 from ..schemes import QuantScheme
-from .engine_layouts import LAYOUTS, engine_layout
+from .engine_layouts import LAYOUTS, code_table, engine_layout, levels, patterns
 from .kernels import KernelBackend, PackedRead, select
 
 
@@ -181,7 +181,7 @@ class TensorStore:
         """Packed onto the end of the body: reading then unpacks one tensor, not one per decode step."""
         n = y.shape[-2]
         if self.scheme.pre_rope:  # the codes of the keys before RoPE, as the profiler's taps quantize them
-            at = min(self.scheme.sink, self.total) + self.flushed
+            at = self._body_start() + self._codes.length  # the position after the last packed token
             y = undo_rope(y, *self.rope.full(at, at + n, y.dtype))
         q = self._quantize_pack(y)
         self._codes.append(q.codes)
@@ -425,23 +425,14 @@ class TensorStore:
         return 0
 
 
-_TABLES: dict = {}
-
-
 def _code_table(scheme: QuantScheme, device) -> tuple[torch.Tensor, float | None]:
     """code -> value before scaling (float32 [2^bits]) as the store keeps codes, and the affine offset where
     there is one: minmax codes as they are; absmax codes stored shifted by 2^(b-1) - 1; llama.cpp's signed-max
     codes centred on 2^(b-1); fp8 codes are their bit patterns."""
-    key = (scheme.codec, scheme.format, scheme.bits, str(device))
-    if key not in _TABLES:
-        if scheme.codec == "fp8":
-            patterns = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-            table = patterns.view(FP8_DTYPES[scheme.format]).float().to(device)
-            _TABLES[key] = (table, None)
-        else:
-            offset = float(_CODE_OFFSETS.get(scheme.codec, lambda b: 0)(scheme.bits))
-            _TABLES[key] = (torch.arange(2 ** scheme.bits, dtype=torch.float32, device=device) - offset, offset)
-    return _TABLES[key]
+    if scheme.codec == "fp8":
+        return code_table(patterns, str(device), FP8_DTYPES[scheme.format]), None
+    offset = float(_CODE_OFFSETS.get(scheme.codec, lambda b: 0)(scheme.bits))
+    return code_table(levels, str(device), 2 ** scheme.bits, offset), offset
 
 
 _CODE_OFFSETS = {"absmax": lambda b: 2 ** (b - 1) - 1, "signed_max": lambda b: 2 ** (b - 1)}
