@@ -25,7 +25,8 @@ for label, kn, vn, how in [("KIVI path  int4_c32 / int4_t32", "int4_c32", "int4_
                            ("generic    q4_0 / q4_0", "q4_0", "q4_0", None),
                            ("generic    q4_1 / q4_1", "q4_1", "q4_1", None),
                            ("generic    fp8_e4m3 / fp8_e4m3", "fp8_e4m3", "fp8_e4m3", None),
-                           ("generic    q8_0 / q8_0", "q8_0", "q8_0", None)]:
+                           ("generic    q8_0 / q8_0", "q8_0", "q8_0", None),
+                           ("generic    int4_per_token_head (vLLM)", "int4_per_token_head", "int4_per_token_head", None)]:
     args, kw = store_reads(kn, vn, b=1, hq=9, hkv=3, t=T + 40, tail=17, d=64)
     args["k"], args["v"] = args["k"].narrow(0, T), args["v"].narrow(0, T)
     if how == "force":  # fp32 zero-points: not the KIVI layout, the same values

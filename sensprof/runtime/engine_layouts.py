@@ -6,7 +6,9 @@ a rotated layout also says how to rotate the query and the dense tail into it, a
 
 - vLLM int4_per_token_head: Hadamard-rotated K / V, 4-bit codes per (token, head) with one fp32 word holding the
   scale and, in its low 4 mantissa bits, the zero-point (engines/vllm/per_token_head.py). Held as vLLM holds it: the
-  codes as 4 bit-planes (D / 2 bytes, as its nibbles) and the fp32 word, decoded per read (T values, not T x D).
+  codes as 4 bit-planes (D / 2 bytes, as its nibbles) and the fp32 word, which the kernels split as they read
+  (PackedRead.word). Written in one pass (the backend's quantize_pack_int4_rht, bit for bit the emulation's); a
+  decode step rotates the query, the dense tail and the output by the rotation's matrix, one matmul each.
 - vLLM TurboQuant (engines/vllm/turboquant.py): Lloyd-Max keys of the Hadamard-rotated unit key, read as
   centroid[code] times a per-token scale (the fp16 norm times vLLM's norm correction, computed once at append and
   held in fp32: 2 bytes per token and head more than vLLM's fp16 norm); fp8 keys (k8v4, and Ampere's e4b15) as
@@ -25,10 +27,10 @@ import torch
 from ..engines.vllm import nvfp4 as fp4
 from ..engines.vllm import turboquant as tq
 from ..engines.vllm import ultraquant as uq
-from ..engines.vllm.per_token_head import ZP_MASK, largest_pow2_divisor, quantize_int4, single_rht
+from ..engines.vllm.per_token_head import largest_pow2_divisor, single_rht
 from ..engines.vllm.turboquant_codebook import centroids, hadamard
 from ..quant import Quantized
-from .kernels import PackedRead
+from .kernels import PackedRead, split_word
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,49 +55,50 @@ def _e2m1() -> torch.Tensor:
     return torch.tensor(uq._BITS_TO_VALUE, dtype=torch.float32)
 
 
+def _rht_matrix(d: int, inverse: bool, divide: bool) -> torch.Tensor:
+    """single_rht as a [d, d] matrix (x @ M = single_rht(x)), optionally over b: the rotation is linear and its
+    entries are +-1, so a matmul computes it up to the order of fp32 sums, in one op instead of a butterfly's 25."""
+    m = single_rht(torch.eye(d), inverse=inverse)
+    return m / largest_pow2_divisor(d) if divide else m
+
+
 class Int4PerTokenHead:
     rotated = True
     packing = "planes"
 
     def pack(self, y: torch.Tensor, ops) -> Quantized:
         """y [B, H, T, D] in the model dtype -> bit-planes [4, B, H, T, D / 8] and the fp32 word [B, H, T, 1]."""
-        packed, word = quantize_int4(y)
-        codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
-        return Quantized(ops.pack_bitplanes(codes, 4), word.unsqueeze(-1).contiguous(), None)
-
-    @staticmethod
-    def scale_zero(word: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fp32 word -> (scale, -zp * scale), float32 like the word: decoded per read (T values, not T x D)."""
-        bits = word.view(torch.int32)
-        scale = (bits & -16).view(torch.float32)
-        return scale, -(bits & ZP_MASK).float() * scale
+        b, h, t, d = y.shape
+        codes, word = ops.quantize_pack_int4_rht(y.reshape(-1, d))
+        return Quantized(codes.view(4, b, h, t, d // 8), word.view(b, h, t, 1), None)
 
     def read(self, q: Quantized) -> PackedRead:
-        """The rotated values as a kernel reads them: code * scale + (-zp * scale)."""
-        codes, (scale, zero) = q.codes, self.scale_zero(q.scale)
-        lut = code_table(levels, str(codes.device), 16)
-        return PackedRead(codes=codes, scale=scale, zero=zero, lut=lut, bits=4, token_group=1,
-                          channel_group=codes.shape[-1] * 8, offset=0.0)
+        """The rotated values as a kernel reads them: code * scale + (-zp * scale), split from the word."""
+        lut = code_table(levels, str(q.codes.device), 16)
+        return PackedRead(codes=q.codes, scale=q.scale, zero=None, lut=lut, bits=4, token_group=1,
+                          channel_group=q.codes.shape[-1] * 8, offset=0.0, word=True)
 
     def dense(self, q: Quantized, lo: int, hi: int, ops) -> torch.Tensor:
         """Tokens [lo, hi) back in the model's basis (float32), as the profiler's emulation computes them."""
         codes, word = q.codes[:, :, :, lo:hi], q.scale[:, :, lo:hi]
-        scale, _ = self.scale_zero(word)
-        zp = (word.view(torch.int32) & ZP_MASK).float()
+        scale, _ = split_word(word)
+        zp = (word.view(torch.int32) & 15).float()
         rotated = (ops.unpack_float(codes, 4) - zp) * scale
-        return self.from_rotated(rotated)
+        return single_rht(rotated, inverse=True) / largest_pow2_divisor(rotated.shape[-1])
 
     @staticmethod
-    def to_rotated(x: torch.Tensor) -> torch.Tensor:
-        return single_rht(x.float())
+    def _times(x: torch.Tensor, inverse: bool, divide: bool) -> torch.Tensor:
+        return x.float() @ code_table(_rht_matrix, str(x.device), x.shape[-1], inverse, divide)
 
-    @staticmethod
-    def from_rotated(y: torch.Tensor) -> torch.Tensor:
-        return single_rht(y.float(), inverse=True) / largest_pow2_divisor(y.shape[-1])
+    def to_rotated(self, x: torch.Tensor) -> torch.Tensor:
+        return self._times(x, False, False)
+
+    def from_rotated(self, y: torch.Tensor) -> torch.Tensor:
+        return self._times(y, True, True)
 
     def query(self, q: torch.Tensor) -> torch.Tensor:
         """q such that q . (rotated key) is the model's q . k: rht(q) / b."""
-        return single_rht(q.float()) / largest_pow2_divisor(q.shape[-1])
+        return self._times(q, False, True)
 
 
 class TurboQuantKeys:

@@ -39,6 +39,8 @@ class PackedRead:
       compute the value instead of looking it up.
     rope: keys stored before RoPE: (cos, sin) [B, T, R / 2] of each token's position, applied to the dequantized
       tile (rotate-half over the first R channels) before q.k; None for everything else.
+    word: the scale is vLLM's int4 fp32 word, one per token and head (token_group 1, channel_group D, zero None):
+      the zero-point code sits in its low 4 mantissa bits (split_word), decoded by the kernel as it reads.
     """
 
     codes: torch.Tensor
@@ -51,6 +53,7 @@ class PackedRead:
     offset: float | None = None
     packing: str = "planes"
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    word: bool = False
 
     @property
     def tokens(self) -> int:
@@ -69,6 +72,14 @@ class PackedRead:
         part = (lambda x: None if x is None else x[:, :, g0:g1])
         rope = None if self.rope is None else tuple(x[:, lo:hi] for x in self.rope)
         return replace(self, codes=codes, scale=part(self.scale), zero=part(self.zero), rope=rope)
+
+
+def split_word(word: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's int4 fp32 word -> (scale, zero) float32: the scale is the word with its low 4 bits cleared, the zero
+    -zp * scale (zp those 4 bits), so value = code * scale + zero = (code - zp) * scale."""
+    bits = word.view(torch.int32)
+    scale = (bits & -16).view(torch.float32)
+    return scale, -(bits & 15).float() * scale
 
 
 def _fp16_minmax(r: PackedRead) -> bool:
@@ -121,6 +132,11 @@ class KernelBackend(Protocol):
     def dequantize_channels(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int,
                             group: int, offset: float = 0.0) -> torch.Tensor:
         """The same with per-channel parameters [B, H, T // group, D] (T a multiple of `group`)."""
+
+    def quantize_pack_int4_rht(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """vLLM's int4_per_token_head write of x [N, D] (the model's dtype), bit for bit as
+        engines/vllm/per_token_head.quantize_int4 computes it: the Hadamard-rotated codes as 4 bit-planes
+        [4, N, D // 8] and the fp32 word [N] (scale, zero-point in its low 4 bits): a vLLM plan's append in one pass."""
 
     def decode_attention(self, q: torch.Tensor, k: PackedRead, v: PackedRead, k_tail: torch.Tensor,
                          v_tail: torch.Tensor, *, scaling: float, mask: torch.Tensor | None = None) -> torch.Tensor:

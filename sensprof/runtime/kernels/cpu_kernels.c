@@ -31,7 +31,7 @@ static uint64_t SPREAD[256]; /* byte -> 8 bytes, byte i = bit i */
 #define SP_VBLOCK 64 /* value tokens whose weights are computed together */
 #define SP_MAXTHREADS 64
 #define SP_PARALLEL_WORK 4096 /* (sequences x KV heads x tokens) below which one thread is quicker */
-#define SP_ABI_VERSION 3      /* = ABI_VERSION in cpu_kernels.py: bump both whenever an exported signature changes */
+#define SP_ABI_VERSION 4      /* = ABI_VERSION in cpu_kernels.py: bump both whenever an exported signature changes */
 
 int sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -304,7 +304,8 @@ enum {
     SP_R_ZS = 16, /* zero strides */
     SP_R_RS = 20, /* cos / sin strides: batch, token (the last dim contiguous) */
     SP_R_FP8 = 22, /* the table is fp8's own (1: e4m3fn, 2: e5m2): the bytes convert through fp16, no gather */
-    SP_R_FIELDS = 23
+    SP_R_WORD = 23, /* the scale is vLLM's int4 fp32 word (one per token and head): zero-point code in its low 4 bits */
+    SP_R_FIELDS = 24
 };
 
 #define SP_MAXCHUNKS 128 /* head dims up to 1024 on the generic path */
@@ -312,7 +313,7 @@ typedef struct {
     const uint8_t *codes;
     const float *lut, *cos, *sin;
     const char *scale, *zero;
-    int bytes, bits, affine, fp8, s32, z32, smode, zmode; /* smode / zmode: how 8 channels' parameters load */
+    int bytes, bits, affine, fp8, s32, z32, smode, zmode, word; /* smode / zmode: how 8 channels' parameters load */
     int64_t tg, cg, R, cs[4], ss[4], zs[4], rs[2];
     float offset;
     int64_t soff[SP_MAXCHUNKS], zoff[SP_MAXCHUNKS]; /* broadcast: each 8 channels' parameter offset in its row */
@@ -326,6 +327,15 @@ static inline uint64_t codes8(const read_t *r, const uint8_t *c, int64_t j) {
     else
         for (int k = 0; k < r->bits; k++) w |= SPREAD[c[k * r->cs[0] + j]] << k;
     return w;
+}
+
+/* vLLM's int4 word (contract.split_word): the scale is the word with its low 4 bits cleared, the zero -zp * scale */
+static inline void word_params(const char *p, float *scale, float *zero) {
+    uint32_t u, m;
+    memcpy(&u, p, 4);
+    m = u & ~(uint32_t)0xF;
+    memcpy(scale, &m, 4);
+    *zero = -(float)(u & 0xF) * *scale;
 }
 
 /* a code's value before scaling: the affine offset or the table */
@@ -478,6 +488,11 @@ static inline void row_params(const read_t *r, int64_t b, int64_t h, int64_t t, 
     const int64_t g = t / r->tg;
     *sp = r->scale + (b * r->ss[0] + h * r->ss[1] + g * r->ss[2]) * (r->s32 ? 4 : 2);
     *zp = r->zero ? r->zero + (b * r->zs[0] + h * r->zs[1] + g * r->zs[2]) * (r->z32 ? 4 : 2) : NULL;
+    if (r->word) { /* decoded into the first slot of the expanded rows, read from there as fp32 */
+        word_params(*sp, ps, pz);
+        *sp = (const char *)ps, *zp = (const char *)pz;
+        return;
+    }
     if ((r->smode == SP_P_EXPAND || r->zmode == SP_P_EXPAND) && *sp != *last) {
         expand_params(*sp, r->s32, r->ss[3], r->cg, D, ps);
         if (*zp) expand_params(*zp, r->z32, r->zs[3], r->cg, D, pz);
@@ -566,9 +581,9 @@ static void dequant_row(const read_t *r, int64_t b, int64_t h, int64_t t, int64_
 /* Token t's key dequantized in registers straight into the REP scores s[r * n] (q * scaling in qs); returns 0 where
  * it does not apply (keys stored before RoPE: dequant_row, then row_scores; rotating in registers was slower). */
 static inline __attribute__((always_inline)) int fused_key_scores(const read_t *r, int64_t b, int64_t h, int64_t t,
-                                                                  int64_t D, const float *qs, const int64_t REP,
-                                                                  float *s, int64_t n, float *ps, float *pz,
-                                                                  const char **last) {
+                                                                  int64_t D, const float *qs, const float *qsum,
+                                                                  const int64_t REP, float *s, int64_t n, float *ps,
+                                                                  float *pz, const char **last) {
 #ifdef SP_AVX2
     if (REP <= SP_MAXREP && !r->R) {
         const uint8_t *c = r->codes + b * r->cs[1] + h * r->cs[2] + t * r->cs[3];
@@ -576,6 +591,16 @@ static inline __attribute__((always_inline)) int fused_key_scores(const read_t *
         row_params(r, b, h, t, D, &sp, &zp, ps, pz, last);
         __m256 acc[SP_MAXREP];
         for (int64_t i = 0; i < REP; i++) acc[i] = _mm256_setzero_ps();
+        if (r->smode == SP_P_BROADCAST && r->cg >= D) { /* one scale per token and head: out of the sum */
+            for (int64_t j = 0; j < D / 8; j++) {
+                const __m256 v = raw8(r, c, j);
+                for (int64_t i = 0; i < REP; i++)
+                    acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + i * D + 8 * j), v, acc[i]);
+            }
+            const float sv = param(sp, r->s32, 0), zv = zp ? param(zp, r->z32, 0) : 0.0f;
+            for (int64_t i = 0; i < REP; i++) s[i * n] = sv * hsum(acc[i]) + (zp ? zv * qsum[i] : 0.0f);
+            return 1;
+        }
         if (r->smode == SP_P_BROADCAST) { /* one scale (and zero-point) per `per` chunks */
             const int64_t per = r->cg / 8 < D / 8 ? r->cg / 8 : D / 8;
             for (int64_t j0 = 0; j0 < D / 8; j0 += per) {
@@ -598,7 +623,8 @@ static inline __attribute__((always_inline)) int fused_key_scores(const read_t *
         return 1;
     }
 #endif
-    (void)r, (void)b, (void)h, (void)t, (void)D, (void)qs, (void)REP, (void)s, (void)n, (void)ps, (void)pz, (void)last;
+    (void)r, (void)b, (void)h, (void)t, (void)D, (void)qs, (void)qsum, (void)REP, (void)s, (void)n, (void)ps, (void)pz,
+        (void)last;
     return 0;
 }
 
@@ -719,6 +745,12 @@ static void run_item_any(const job_t *j, int64_t item, float *buf) {
     const uint8_t *mk = j->mask ? j->mask + b * (j->T + j->Tt) : NULL;
     const float *qh = j->q + (b * j->Hq + h * rep) * D;
     for (int64_t i = 0; i < rep * D; i++) qs[i] = qh[i] * j->scaling;
+    if (kr->tg == 1) /* base: each query head's channel sum, for keys whose zero-point is one per token and head */
+        for (int64_t r = 0; r < rep; r++) {
+            float z = 0.0f;
+            for (int64_t d = 0; d < D; d++) z += qs[r * D + d];
+            base[r] = z;
+        }
     /* scores: a key row at a time (dequantized, rotated), against every query head of the KV head */
     int64_t kg = -1; /* the key group whose q * scale is in qf */
     for (int64_t t = 0; t < m; t++) {
@@ -750,7 +782,7 @@ static void run_item_any(const job_t *j, int64_t item, float *buf) {
 #undef SP_FOLDED
             continue;
         }
-#define SP_FUSED(R) fused = fused_key_scores(&j->k, b, h, lo + t, D, qs, R, s + t, n, kps, kpz, &klast)
+#define SP_FUSED(R) fused = fused_key_scores(&j->k, b, h, lo + t, D, qs, base, R, s + t, n, kps, kpz, &klast)
         int fused = 0;
         SP_ANY_FOR_REP(SP_FUSED)
 #undef SP_FUSED
@@ -789,8 +821,13 @@ static void run_item_any(const job_t *j, int64_t item, float *buf) {
                 const char *zp = vr->zero ? vr->zero + (b * vr->zs[0] + h * vr->zs[1] + g * vr->zs[2]) * (vr->z32 ? 4 : 2)
                                           : NULL;
                 for (int64_t gi = 0; gi < ng; gi++) {
-                    const float sc = param(sp, vr->s32, gi * vr->ss[3]);
-                    const float ze = zp ? param(zp, vr->z32, gi * vr->zs[3]) : 0.0f;
+                    float sc, ze;
+                    if (vr->word) {
+                        word_params(sp, &sc, &ze);
+                    } else {
+                        sc = param(sp, vr->s32, gi * vr->ss[3]);
+                        ze = zp ? param(zp, vr->z32, gi * vr->zs[3]) : 0.0f;
+                    }
                     for (int64_t r = 0; r < rep; r++) {
                         const float pr = s[r * n + t0 + t];
                         w[(r * ng + gi) * SP_VBLOCK + t] = pr * sc;
@@ -991,6 +1028,8 @@ static void read_of(read_t *r, const void *const *ptrs, const int64_t *f, float 
 #if defined(__F16C__)
     r->fp8 = r->bytes && !r->affine ? (int)f[SP_R_FP8] : 0;
 #endif
+    r->word = (int)f[SP_R_WORD];
+    if (r->word) r->s32 = r->z32 = 1; /* the word is fp32-sized; decoded parameters are read as fp32 */
     r->smode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->ss[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);
     r->zmode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->zs[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);
     for (int64_t j = 0; j < D / 8 && j < SP_MAXCHUNKS; j++) {
@@ -1095,6 +1134,64 @@ void sp_quantize_pack_tokens(int64_t N, int64_t D, int64_t g, int64_t bits, cons
             zero[t * (D / g) + j] = f2h(mn);
         }
         pack_row(row, (int)bits, D / 8, codes + t * (D / 8), N * (D / 8));
+    }
+}
+
+static inline float bf16_round(float x) { /* round to nearest even, as torch's .bfloat16() (NaN kept a NaN) */
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return x;
+    u = (u + 0x7fffu + ((u >> 16) & 1)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static inline float rha(float v) { return truncf(v >= 0 ? v + 0.5f : v - 0.5f); } /* half away from zero */
+
+/* vLLM's int4_per_token_head write (engines/vllm/per_token_head.quantize_int4), bit for bit: x [N, D] (fp32 values
+ * of the model's dtype) rotated blockwise by H_b diag(signs) (b = the largest power-of-two divisor of D; the
+ * butterfly in the pair order of the reference, so every fp32 sum rounds the same), rounded back to the model's
+ * dtype (rnd: 0 fp32, 1 fp16, 2 bf16), then min/max codes per row: codes as 4 bit-planes [4, N, D/8], and the fp32
+ * word [N] (the scale's bits with the zero-point in the low 4). D a multiple of 8, at most 1024. */
+void sp_quantize_int4_rht(int64_t N, int64_t D, int64_t rnd, const float *x, const float *signs, uint8_t *codes,
+                          float *word) {
+    const int64_t bsz = D & -D;
+    float y[1024];
+    uint8_t row[1024];
+    for (int64_t t = 0; t < N; t++) {
+        const float *xr = x + t * D;
+        for (int64_t d = 0; d < D; d++) y[d] = xr[d] * signs[d % bsz];
+        for (int64_t blk = 0; blk < D; blk += bsz)
+            for (int64_t hh = 1; hh < bsz; hh <<= 1)
+                for (int64_t i = blk; i < blk + bsz; i += 2 * hh)
+                    for (int64_t k = i; k < i + hh; k++) {
+                        const float a = y[k], c = y[k + hh];
+                        y[k] = a + c;
+                        y[k + hh] = a - c;
+                    }
+        float mn = INFINITY, mx = -INFINITY;
+        for (int64_t d = 0; d < D; d++) {
+            if (rnd == 1) y[d] = h2f(f2h(y[d]));
+            else if (rnd == 2) y[d] = bf16_round(y[d]);
+            mn = y[d] < mn ? y[d] : mn;
+            mx = y[d] > mx ? y[d] : mx;
+        }
+        float scale = (mx - mn) / 15.0f;
+        scale = scale < 1e-6f ? 1e-6f : scale;
+        float zp = rha(-mn / scale);
+        zp = zp < 0 ? 0 : (zp > 15 ? 15 : zp);
+        const float inv = 1.0f / scale;
+        for (int64_t d = 0; d < D; d++) {
+            const float prod = y[d] * inv;
+            float v = rha(prod + zp);
+            v = v < 0 ? 0 : (v > 15 ? 15 : v);
+            row[d] = (uint8_t)v;
+        }
+        uint32_t u;
+        memcpy(&u, &scale, 4);
+        u = (u & ~(uint32_t)0xF) | (uint32_t)zp;
+        memcpy(word + t, &u, 4);
+        pack_row(row, 4, D / 8, codes + t * (D / 8), N * (D / 8));
     }
 }
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ...engines.vllm.per_token_head import rht_signs
 from . import reference
 from .contract import PackedRead, kivi_keys, kivi_values
 from .reference import pack_bitplanes  # noqa: F401  (the store packs the other codecs; no faster in C)
@@ -35,7 +36,7 @@ _FLAGS = ["-O3", "-std=gnu11", "-pthread", "-fPIC", "-shared", "-ffp-contract=of
 _NATIVE = ["-march=native"]
 _MAX_TOKEN_DIM = 1024  # sp_quantize_pack_tokens keeps one row of codes on the stack
 _MAX_PACKED_DIM = 1024  # sp_decode_packed: SP_MAXCHUNKS * 8
-ABI_VERSION = 3  # = SP_ABI_VERSION in cpu_kernels.c: bump both whenever a signature below changes
+ABI_VERSION = 4  # = SP_ABI_VERSION in cpu_kernels.c: bump both whenever a signature below changes
 
 _P, _I64, _F32, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
@@ -62,6 +63,7 @@ SIGNATURES = {
                       + _params("channel group", _I64) + _params("offset", _F32) + _params("out", _P)),
     "sp_quantize_pack_tokens": (None, _params("N D g bits", _I64) + _params("x codes scale zero", _P)),
     "sp_quantize_pack_channels": (_INT, _params("N T D G bits", _I64) + _params("x codes scale zero", _P)),
+    "sp_quantize_int4_rht": (None, _params("N D rnd", _I64) + _params("x signs codes word", _P)),
 }
 
 
@@ -253,8 +255,23 @@ def quantize_pack_channels(x: torch.Tensor, bits: int, group: int) -> tuple[torc
     return codes, scale, zero
 
 
+_ROUNDING = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # sp_quantize_int4_rht's rnd
+
+
+def quantize_pack_int4_rht(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n, d = x.shape
+    if not _readable(x) or x.dtype not in _ROUNDING or d % 8 or d > _MAX_TOKEN_DIM:
+        return reference.quantize_pack_int4_rht(x)
+    xf = x.float().contiguous()
+    signs = rht_signs(d & -d).float().contiguous()
+    codes = torch.empty(4, n, d // 8, dtype=torch.uint8)
+    word = torch.empty(n, dtype=torch.float32)
+    _lib().sp_quantize_int4_rht(n, d, _ROUNDING[x.dtype], _ptr(xf), _ptr(signs), _ptr(codes), _ptr(word))
+    return codes, word
+
+
 # The fields of a PackedRead as sp_decode_packed reads them (the SP_R_* enum of cpu_kernels.c, in its order)
-_READ_FIELDS = 23
+_READ_FIELDS = 24
 _LUT_DTYPES = (torch.float16, torch.float32)
 # fp8's own code tables (the C code converts those bytes without a gather), as int32 bit patterns (NaNs included)
 _FP8_TABLES = {kind: torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).float().view(torch.int32)
@@ -282,6 +299,8 @@ def _describe(r: PackedRead, b: int, h: int, t: int, d: int):
     if (codes.dtype != torch.uint8 or not 1 <= r.bits <= 8 or r.token_group < 1 or r.channel_group < 1
             or (not affine and lut.numel() < (256 if r.packing == "bytes" else 2 ** r.bits))):
         return None
+    if r.word and (r.token_group != 1 or r.channel_group != d or zero is not None or scale.dtype != torch.float32):
+        return None  # a word is one fp32 per token and head
     groups = (-(-t // r.token_group), -(-d // r.channel_group))
     for x in (scale, zero):  # every index the kernel forms stays inside the tensor
         if x is not None and (x.dim() != 4 or tuple(x.shape[:2]) != (b, h) or x.shape[2] < groups[0]
@@ -306,7 +325,7 @@ def _describe(r: PackedRead, b: int, h: int, t: int, d: int):
     zs = (0, 0, 0, 0) if zero is None else zero.stride()
     fields = (int(r.packing == "bytes"), r.bits, r.token_group, r.channel_group, int(affine),
               int(scale.dtype == torch.float32), int(zero is not None and zero.dtype == torch.float32), rope,
-              *cs, *scale.stride(), *zs, *rs, _fp8_kind(r, lut))
+              *cs, *scale.stride(), *zs, *rs, _fp8_kind(r, lut), int(r.word))
     assert len(fields) == _READ_FIELDS
     keep = (codes, lut, scale, zero, cos, sin)
     ptrs = (ctypes.c_void_p * 6)(*[None if x is None else x.data_ptr() for x in keep])

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from ...engines.vllm.per_token_head import quantize_int4
 from ...quant import minmax_codes
-from .contract import PackedRead
+from .contract import PackedRead, split_word
 
 NAME = "reference"
 NEEDS_POWER_OF_TWO_HEAD_DIM = False
@@ -82,6 +83,13 @@ def quantize_pack_channels(x: torch.Tensor, bits: int, group: int) -> tuple[torc
     return pack_bitplanes(codes.reshape(n, t, d), bits), scale.squeeze(2).half(), mn.squeeze(2).half()
 
 
+def quantize_pack_int4_rht(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's nibbles (dim 2i low, 2i + 1 high) re-packed as bit-planes of the codes in dim order."""
+    packed, word = quantize_int4(x)
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    return pack_bitplanes(codes, 4), word
+
+
 def dequantize_channels(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int, group: int,
                         offset: float = 0.0) -> torch.Tensor:
     """codes [bits, B, H, T, D // 8], scale / zero (or None) [B, H, T // group, D] -> float32 [B, H, T, D]:
@@ -127,9 +135,10 @@ def dequantize_read(read: PackedRead) -> torch.Tensor:
     """A PackedRead as float32 [B, H, T, D] (post-RoPE for keys stored before it): the oracle of every kernel."""
     codes = unpack_bitplanes(read.codes, read.bits) if read.packing == "planes" else read.codes
     t = codes.shape[2]
-    out = read.lut.to(codes.device).float()[codes.long()] * _per_token(read.scale, read, t)
-    if read.zero is not None:
-        out = out + _per_token(read.zero, read, t)
+    scale, zero = split_word(read.scale) if read.word else (read.scale, read.zero)
+    out = read.lut.to(codes.device).float()[codes.long()] * _per_token(scale, read, t)
+    if zero is not None:
+        out = out + _per_token(zero, read, t)
     return out if read.rope is None else rotate_half_rope(out, *read.rope)
 
 

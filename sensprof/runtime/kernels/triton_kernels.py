@@ -22,7 +22,7 @@ from . import reference
 from .contract import PackedRead
 
 # the dense read path: PyTorch's own GPU kernels do these well
-from .reference import dequantize_channels, dequantize_tokens, unpack_float  # noqa: F401
+from .reference import dequantize_channels, dequantize_tokens, quantize_pack_int4_rht, unpack_float  # noqa: F401
 
 NAME = "triton"
 _TILE_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -143,16 +143,18 @@ def quantize_pack_channels(x: torch.Tensor, bits: int, group: int) -> tuple[torc
 @triton.jit
 def _codes_tile(c_ptr, base, CP, CT, t, tm, ch, BITS: tl.constexpr, BYTES: tl.constexpr):
     """Integer codes [BLOCK_T, len(ch)] of tokens t at channels ch: bytes (token stride CT), or bit-planes (plane
-    stride CP; plane k holds bit k of eight codes a byte, the first code in the lowest bit)."""
+    stride CP; plane k holds bit k of eight codes a byte, the first code in the lowest bit). base is int64 and the
+    planes are reached by pointer steps, so no offset wraps at 2^31 (8-bit planes of 128K tokens x batch 32)."""
     if BYTES:
         c = tl.load(c_ptr + base + t[:, None] * CT + ch[None, :], mask=tm[:, None], other=0).to(tl.int32)
     else:
-        byte_off = base + t[:, None] * CT + (ch[None, :] // 8)
+        ptr = c_ptr + base + t[:, None] * CT + (ch[None, :] // 8)
         bit = ch[None, :] % 8
         c = tl.zeros([t.shape[0], ch.shape[0]], dtype=tl.int32)
         for k in tl.static_range(BITS):
-            byte = tl.load(c_ptr + k * CP + byte_off, mask=tm[:, None], other=0).to(tl.int32)
+            byte = tl.load(ptr, mask=tm[:, None], other=0).to(tl.int32)
             c += ((byte >> bit) & 1) << k
+            ptr += CP
     return c
 
 
@@ -160,9 +162,10 @@ def _codes_tile(c_ptr, base, CP, CT, t, tm, ch, BITS: tl.constexpr, BYTES: tl.co
 def _dequant_tile(c_ptr, lut_ptr, s_ptr, z_ptr, offset, b, h, t, tm, ch,
                   CP, CB, CH, CT, SB, SH, ST, SC, ZB, ZH, ZT, ZC,
                   BITS: tl.constexpr, BYTES: tl.constexpr, AFFINE: tl.constexpr, HAS_ZERO: tl.constexpr,
-                  TG: tl.constexpr, CG: tl.constexpr):
+                  TG: tl.constexpr, CG: tl.constexpr, WORD: tl.constexpr):
     """lut[code] * scale[b, h, t // TG, ch // CG] + zero[same] as float32 [BLOCK_T, len(ch)] (contract.PackedRead):
-    the code's value computed (code - offset) where AFFINE, else gathered from the table; parameters by strides."""
+    the code's value computed (code - offset) where AFFINE, else gathered from the table; parameters by strides.
+    WORD: s_ptr holds vLLM's int4 words as int32, split into scale and zero here (contract.split_word)."""
     c = _codes_tile(c_ptr, b * CB + h * CH, CP, CT, t, tm, ch, BITS, BYTES)
     if AFFINE:
         x = c.to(tl.float32) - offset
@@ -170,7 +173,12 @@ def _dequant_tile(c_ptr, lut_ptr, s_ptr, z_ptr, offset, b, h, t, tm, ch,
         x = tl.load(lut_ptr + c)
     gt = (t // TG)[:, None]
     gc = (ch // CG)[None, :]
-    x = x * tl.load(s_ptr + b * SB + h * SH + gt * ST + gc * SC, mask=tm[:, None], other=0.0).to(tl.float32)
+    if WORD:
+        bits = tl.load(s_ptr + b * SB + h * SH + gt * ST + gc * SC, mask=tm[:, None], other=0)
+        scale = (bits & -16).to(tl.float32, bitcast=True)
+        x = x * scale - (bits & 15).to(tl.float32) * scale
+    else:
+        x = x * tl.load(s_ptr + b * SB + h * SH + gt * ST + gc * SC, mask=tm[:, None], other=0.0).to(tl.float32)
     if HAS_ZERO:
         x += tl.load(z_ptr + b * ZB + h * ZH + gt * ZT + gc * ZC, mask=tm[:, None], other=0.0).to(tl.float32)
     return x
@@ -193,7 +201,8 @@ def _decode_kernel(q_ptr, kc_ptr, klut_ptr, ks_ptr, kz_ptr, vc_ptr, vlut_ptr, vs
                    D: tl.constexpr, BITS_K: tl.constexpr, BITS_V: tl.constexpr, K_BYTES: tl.constexpr,
                    V_BYTES: tl.constexpr, K_AFFINE: tl.constexpr, V_AFFINE: tl.constexpr, K_ZERO: tl.constexpr,
                    V_ZERO: tl.constexpr, K_TG: tl.constexpr, K_CG: tl.constexpr, V_TG: tl.constexpr,
-                   V_CG: tl.constexpr, ROPE: tl.constexpr, HAS_MASK: tl.constexpr,
+                   V_CG: tl.constexpr, K_WORD: tl.constexpr, V_WORD: tl.constexpr, ROPE: tl.constexpr,
+                   HAS_MASK: tl.constexpr,
                    BLOCK_T: tl.constexpr, N_SPLITS: tl.constexpr, N_BLOCKS: tl.constexpr,
                    REP: tl.constexpr, REP_P2: tl.constexpr, USE_DOT: tl.constexpr, TILE_DTYPE: tl.constexpr):
     """One program per (sequence, KV head, split) over any packed layout (contract.PackedRead): the KV head's REP
@@ -204,8 +213,8 @@ def _decode_kernel(q_ptr, kc_ptr, klut_ptr, ks_ptr, kz_ptr, vc_ptr, vlut_ptr, vs
     TILE_DTYPE (the query's fp16/bf16; fp32 in full IEEE precision), accumulated in fp32."""
     pid = tl.program_id(0)  # b * HKV + hkv
     split = tl.program_id(1)
-    b = pid // HKV
-    hkv = pid % HKV
+    b = (pid // HKV).to(tl.int64)  # int64 offsets from here on: a cache may pass 2^31 elements
+    hkv = (pid % HKV).to(tl.int64)
     r = tl.arange(0, REP_P2)
     rm = r < REP
     d = tl.arange(0, D)
@@ -222,12 +231,12 @@ def _decode_kernel(q_ptr, kc_ptr, klut_ptr, ks_ptr, kz_ptr, vc_ptr, vlut_ptr, vs
             tm = tm & (tl.load(mask_ptr + b * M_B + t, mask=tm, other=0) != 0)
         kf = _dequant_tile(kc_ptr, klut_ptr, ks_ptr, kz_ptr, k_offset, b, hkv, t, tm, d,
                            KC_P, KC_B, KC_H, KC_T, KS_B, KS_H, KS_T, KS_C, KZ_B, KZ_H, KZ_T, KZ_C,
-                           BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG)  # [BLOCK_T, D]
+                           BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG, K_WORD)  # [BLOCK_T, D]
         if ROPE > 0:  # out[d] = x[d] cos - x[d + R/2] sin; out[d + R/2] = x[d + R/2] cos + x[d] sin
             partner = tl.where(d < ROPE // 2, d + ROPE // 2, tl.where(d < ROPE, d - ROPE // 2, d))
             kp = _dequant_tile(kc_ptr, klut_ptr, ks_ptr, kz_ptr, k_offset, b, hkv, t, tm, partner,
                                KC_P, KC_B, KC_H, KC_T, KS_B, KS_H, KS_T, KS_C, KZ_B, KZ_H, KZ_T, KZ_C,
-                               BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG)
+                               BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG, K_WORD)
             rmask = tm[:, None] & (d[None, :] < ROPE)
             r_off = b * R_B + t[:, None] * R_T + (d % (ROPE // 2))[None, :]
             cs = tl.load(cos_ptr + r_off, mask=rmask, other=1.0)
@@ -245,7 +254,7 @@ def _decode_kernel(q_ptr, kc_ptr, klut_ptr, ks_ptr, kz_ptr, vc_ptr, vlut_ptr, vs
         p = tl.exp(s - tl.where(empty, 0.0, m_new)[:, None])  # exp(-inf) = 0 for the tokens not read
         vf = _dequant_tile(vc_ptr, vlut_ptr, vs_ptr, vz_ptr, v_offset, b, hkv, t, tm, d,
                            VC_P, VC_B, VC_H, VC_T, VS_B, VS_H, VS_T, VS_C, VZ_B, VZ_H, VZ_T, VZ_C,
-                           BITS_V, V_BYTES, V_AFFINE, V_ZERO, V_TG, V_CG)
+                           BITS_V, V_BYTES, V_AFFINE, V_ZERO, V_TG, V_CG, V_WORD)
         vf = tl.where(tm[:, None], vf, 0.0)  # tokens not read add nothing, whatever their codes
         if USE_DOT:
             pv = _dot(p.to(TILE_DTYPE), vf.to(TILE_DTYPE), TILE_DTYPE)
@@ -272,13 +281,15 @@ def _param(x: torch.Tensor | None) -> torch.Tensor | None:
 def _read_args(r: PackedRead, zero_like: torch.Tensor):
     """(tensors, code strides, scale strides, zero strides, constexprs) of a read for _decode_kernel."""
     codes, scale, zero = _row_major(r.codes), _param(r.scale), _param(r.zero)
+    if r.word:
+        scale = r.scale.view(torch.int32)  # split in the kernel
     bytes_ = r.packing == "bytes"
     cs = (0, *codes.stride()[:3]) if bytes_ else codes.stride()[:4]
     zs = (0, 0, 0, 0) if zero is None else zero.stride()
     lut = r.lut.to(device=codes.device, dtype=torch.float32).contiguous()
     tensors = (codes, lut, scale, zero_like if zero is None else zero)
     const = dict(BITS=r.bits, BYTES=bytes_, AFFINE=r.offset is not None, ZERO=zero is not None, TG=r.token_group,
-                 CG=r.channel_group)
+                 CG=r.channel_group, WORD=r.word)
     return tensors, cs, scale.stride(), zs, const, float(r.offset or 0.0)
 
 
@@ -332,7 +343,7 @@ def decode_attention_in_splits(q: torch.Tensor, k: PackedRead, v: PackedRead, k_
             *kcs, *kss, *kzs, *vcs, *vss, *vzs, *rs, 0 if mask is None else mk.stride(0),
             D=d, BITS_K=kk["BITS"], BITS_V=vk["BITS"], K_BYTES=kk["BYTES"], V_BYTES=vk["BYTES"],
             K_AFFINE=kk["AFFINE"], V_AFFINE=vk["AFFINE"], K_ZERO=kk["ZERO"], V_ZERO=vk["ZERO"], K_TG=kk["TG"],
-            K_CG=kk["CG"], V_TG=vk["TG"], V_CG=vk["CG"], ROPE=rope, HAS_MASK=mask is not None,
+            K_CG=kk["CG"], V_TG=vk["TG"], V_CG=vk["CG"], K_WORD=kk["WORD"], V_WORD=vk["WORD"], ROPE=rope, HAS_MASK=mask is not None,
             BLOCK_T=block_t, N_SPLITS=n_splits, N_BLOCKS=blocks, REP=rep, REP_P2=rep_p2, USE_DOT=use_dot,
             TILE_DTYPE=tile_dtype)
     # the full-precision tail is one more split, done densely

@@ -70,6 +70,23 @@ def test_quantize_pack_channels_is_bit_exact(bits):
 
 
 @needs_compiler
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128, 96, 24])
+def test_vllm_int4_per_token_head_write_is_bit_exact(dtype, d):
+    """The C write of vLLM's int4_per_token_head (rotation, rounding to the model dtype, codes, the fp32 word) equals
+    the emulation's for rows of every magnitude, quarter-step values (rounding ties), a constant row (the scale's
+    floor) and block sizes below the head dim (96, 24: blocks of 32 and 8)."""
+    g = torch.Generator().manual_seed(d)
+    x = torch.randn(300, d, generator=g) * 10.0 ** torch.randint(-4, 4, (300, 1), generator=g).float()
+    x[:100] = torch.round(x[:100] * 4) / 4
+    x[100] = 0.75
+    x = x.to(dtype)
+    (codes, word), (want_codes, want_word) = cpu_kernels.quantize_pack_int4_rht(x), reference.quantize_pack_int4_rht(x)
+    assert codes.shape == want_codes.shape == (4, 300, d // 8) and torch.equal(codes, want_codes)
+    assert word.shape == want_word.shape == (300,) and torch.equal(word.view(torch.int32), want_word.view(torch.int32))
+
+
+@needs_compiler
 def test_half_rounding_matches_torch_at_the_edges():
     """Scales and zero-points are rounded to fp16 in C: ties to even, subnormals, overflow to infinity."""
     edges = torch.tensor([0.0, -0.0, 1e-8, 2.0**-25, 2.0**-25 * 1.0001, 2.0**-24 * 1.5, 2.0**-24 * 2.5, 6.1e-5,

@@ -158,7 +158,8 @@ _TRITON_CHECK = """
         got = triton_kernels.decode_attention_in_splits(**args, **kw, n_splits=n_splits)
         finite = torch.isfinite(want)
         assert torch.equal(finite, torch.isfinite(got))
-        err = (got - want)[finite].abs().max().item()
+        # relative to the output's size where it exceeds 1 (vLLM's unnormalised rotation scales values by sqrt(D))
+        err = ((got - want)[finite].abs().max() / want[finite].abs().max().clamp(min=1.0)).item()
         assert err < tol, err
         worst = max(worst, err)
 """
