@@ -24,7 +24,7 @@ from ..quant import (
 from ..rope import apply_rope, undo_rope
 from ..schemes import QuantScheme
 from .engine_layouts import LAYOUTS, code_table, engine_layout, levels, patterns
-from .kernels import KernelBackend, PackedRead, select
+from .kernels import KernelBackend, PackedRead, dense_read, select
 
 
 def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
@@ -335,7 +335,10 @@ class TensorStore:
 
     def packed_read(self):
         """(first held position, tokens, PackedRead) of the packed tokens held, read in place by the decode
-        kernels, or None when none are packed."""
+        kernels, or None when none are packed; an unquantized side is read as it is held (dense_read)."""
+        if self.scheme.is_identity:
+            held = self._pending.length
+            return (0, held, dense_read(self.pending)) if held else None
         n = self._codes.length
         if not n:
             return None

@@ -62,8 +62,33 @@ def test_decoding_matches_the_profilers_fake_quantization(arch, pairs, device):
         plain = model(ids, use_cache=False).logits.log_softmax(-1)
     assert (run - plain).abs().max() > 1e-3  # the quantization is real...
     assert (run - ref).abs().max() < 1e-4  # ...and exactly what the profile measured
-    # every decode step of every layer read the packed cache (a layer with an unquantized side reads its tail)
+    # every decode step of every layer read the packed cache (an unquantized side as it is held)
     assert all(layer.packed_steps == ids.shape[1] for layer in cache.layers)
+
+
+def test_an_unquantized_side_is_read_in_place_not_copied_into_the_tail(monkeypatch):
+    """A layer with K int4 and V unquantized (and one with neither quantized) hands the kernel the held values as a
+    dense read: the tails passed on each step are the residual tokens only, not the whole cache."""
+    model = _bf16_llama().float()
+    plan = make_plan(model, [("int4_c32_r16", "none"), ("none", "none")], [{}] * 2)
+    cache = PlannedCache.from_plan(plan, model, kernels="reference")
+    seen = []
+    decode = reference.decode_attention
+
+    def spy(q, k, v, k_tail, v_tail, **kw):
+        seen.append((k.dense, v.dense, k.tokens, k_tail.shape[-2], v_tail.shape[-2]))
+        return decode(q, k, v, k_tail, v_tail, **kw)
+
+    monkeypatch.setattr(reference, "decode_attention", spy)
+    ids = torch.randint(3, 300, (1, 100), generator=torch.Generator().manual_seed(4))
+    run = decode_logprobs(model, cache, ids)
+    ref = _fake_quant_logprobs(model, plan, ids)
+    assert (run - ref).abs().max() < 1e-4
+    first, both = seen[0::2], seen[1::2]  # layer 0, layer 1 alternate
+    # before K packs its first group, every token is in the tail; after, only K's residual and pending group
+    assert all(not kd and vd == (n > 0) and kt < 16 + 32 and vt == kt for kd, vd, n, kt, vt in first)
+    assert all(kd and vd and kt == vt == 0 for kd, vd, _, kt, vt in both)
+    assert max(n for *_, n, _, _ in first) > 32 and both[-1][2] == 100
 
 
 def _bf16_llama(head_dim=64, positions=4608):

@@ -16,7 +16,7 @@ import warnings
 
 from ...errors import SensprofError
 from . import reference
-from .contract import KernelBackend, PackedRead, split_word
+from .contract import KernelBackend, PackedRead, dense_read, split_word
 
 PREFERENCES = ("auto", "triton", "cpu", "reference")
 _warned: set = set()
@@ -70,4 +70,4 @@ def _cpu(preference: str, on_gpu: bool) -> KernelBackend:
     return reference
 
 
-__all__ = ["PREFERENCES", "KernelBackend", "PackedRead", "select", "split_word", "triton_available"]
+__all__ = ["PREFERENCES", "KernelBackend", "PackedRead", "dense_read", "select", "split_word", "triton_available"]

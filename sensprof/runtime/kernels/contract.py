@@ -32,7 +32,9 @@ class PackedRead:
     channel, per head or per tensor are only different groups; a constant scale is an expanded view, stride 0), so
     a backend needs one decode kernel, not one per layout.
     codes: "planes" uint8 bit-planes [bits, B, H, T, D // 8] (plane k holds bit k of eight codes a byte), or
-      "bytes" uint8 [B, H, T, D] (one 8-bit code a byte: fp8 bit patterns).
+      "bytes" uint8 [B, H, T, D] (one 8-bit code a byte: fp8 bit patterns), or "dense": the values themselves,
+      float32 / float16 / bfloat16 [B, H, T, D] (a side the plan leaves unquantized; its lut, scale and zero are
+      not read: dense_read builds one).
     scale / zero (zero may be None): float16 or float32, indexable as [B, H, ceil(T / token_group),
       D // channel_group] (any strides).
     lut: float32 [2 ** bits]; offset: not None when lut[c] = c - offset (the integer codecs), so a kernel may
@@ -63,15 +65,28 @@ class PackedRead:
     def head_dim(self) -> int:
         return self.codes.shape[-1] * (8 if self.packing == "planes" else 1)
 
+    @property
+    def dense(self) -> bool:
+        return self.packing == "dense"
+
     def narrow(self, lo: int, hi: int) -> "PackedRead":
         """Tokens [lo, hi) as views (lo a multiple of token_group)."""
         if lo % self.token_group:
             raise ValueError(f"a read must start on a token group ({self.token_group}), not at {lo}")
-        codes = self.codes[..., lo:hi, :] if self.packing == "bytes" else self.codes[:, :, :, lo:hi]
+        codes = self.codes[:, :, :, lo:hi] if self.packing == "planes" else self.codes[..., lo:hi, :]
         g0, g1 = lo // self.token_group, -(-hi // self.token_group)
         part = (lambda x: None if x is None else x[:, :, g0:g1])
         rope = None if self.rope is None else tuple(x[:, lo:hi] for x in self.rope)
         return replace(self, codes=codes, scale=part(self.scale), zero=part(self.zero), rope=rope)
+
+
+def dense_read(values: torch.Tensor) -> PackedRead:
+    """Unquantized K or V [B, H, T, D] read in place by the same kernels: a layer with one side unquantized (or
+    none quantized) decodes packed too, with no dense copy of the cache on each step."""
+    b, h, t, _ = values.shape
+    one = torch.ones(1, 1, 1, 1, device=values.device).expand(b, h, t, 1)
+    return PackedRead(codes=values, scale=one, zero=None, lut=one.new_zeros(1), bits=8 * values.element_size(),
+                      token_group=1, channel_group=values.shape[-1], packing="dense")
 
 
 def split_word(word: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -305,7 +305,8 @@ enum {
     SP_R_RS = 20, /* cos / sin strides: batch, token (the last dim contiguous) */
     SP_R_FP8 = 22, /* the table is fp8's own (1: e4m3fn, 2: e5m2): the bytes convert through fp16, no gather */
     SP_R_WORD = 23, /* the scale is vLLM's int4 fp32 word (one per token and head): zero-point code in its low 4 bits */
-    SP_R_FIELDS = 24
+    SP_R_DENSE = 24, /* the codes are the values (an unquantized side): 1 fp32, 2 fp16, 3 bf16; code strides in bytes */
+    SP_R_FIELDS = 25
 };
 
 #define SP_MAXCHUNKS 128 /* head dims up to 1024 on the generic path */
@@ -313,7 +314,8 @@ typedef struct {
     const uint8_t *codes;
     const float *lut, *cos, *sin;
     const char *scale, *zero;
-    int bytes, bits, affine, fp8, s32, z32, smode, zmode, word; /* smode / zmode: how 8 channels' parameters load */
+    int bytes, bits, affine, fp8, s32, z32, smode, zmode, word, dense; /* smode / zmode: how 8 channels' parameters
+                                                                       * load */
     int64_t tg, cg, R, cs[4], ss[4], zs[4], rs[2];
     float offset;
     int64_t soff[SP_MAXCHUNKS], zoff[SP_MAXCHUNKS]; /* broadcast: each 8 channels' parameter offset in its row */
@@ -336,6 +338,18 @@ static inline void word_params(const char *p, float *scale, float *zero) {
     m = u & ~(uint32_t)0xF;
     memcpy(scale, &m, 4);
     *zero = -(float)(u & 0xF) * *scale;
+}
+
+/* channel d of an unquantized row (SP_R_DENSE) as fp32 */
+static inline float dense_value(const read_t *r, const uint8_t *c, int64_t d) {
+    uint16_t x;
+    if (r->dense == 1) return ((const float *)c)[d];
+    memcpy(&x, c + 2 * d, 2);
+    if (r->dense == 2) return h2f(x);
+    const uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
 /* a code's value before scaling: the affine offset or the table */
@@ -518,6 +532,12 @@ static inline __m256 param8(const char *p, int f32, int mode, int64_t off, int64
 
 /* the code values (table or affine) of channels 8j .. 8j+7 of the token whose codes start at c */
 static inline __m256 raw8(const read_t *r, const uint8_t *c, int64_t j) {
+    if (r->dense == 1) return _mm256_loadu_ps((const float *)c + 8 * j);
+    if (r->dense == 3) /* bf16: the top half of an fp32 */
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)c + j)), 16));
+#ifdef __F16C__
+    if (r->dense == 2) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)c + j));
+#endif
 #ifdef __F16C__
     if (r->fp8) { /* fp8 bytes as fp16 bits: e5m2 is fp16's top byte; e4m3fn shifted in reads 2^-8 of its value */
         const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(c + 8 * j)));
@@ -555,11 +575,11 @@ static void dequant_row(const read_t *r, int64_t b, int64_t h, int64_t t, int64_
 #else
     for (int64_t j = 0; j < D / 8; j++) {
         uint8_t b8[8];
-        const uint64_t w = codes8(r, c, j);
+        const uint64_t w = r->dense ? 0 : codes8(r, c, j);
         memcpy(b8, &w, 8);
         for (int i = 0; i < 8; i++) {
             const int64_t d = 8 * j + i, k = d / r->cg;
-            const float v = code_value(r, b8[i]);
+            const float v = r->dense ? dense_value(r, c, d) : code_value(r, b8[i]);
             const float sv = r->smode == SP_P_EXPAND ? ps[d] : param(sp, r->s32, k * r->ss[3]);
             const float zv = !zp ? 0.0f : (r->zmode == SP_P_EXPAND ? pz[d] : param(zp, r->z32, k * r->zs[3]));
             row[d] = v * sv + zv;
@@ -1029,6 +1049,7 @@ static void read_of(read_t *r, const void *const *ptrs, const int64_t *f, float 
     r->fp8 = r->bytes && !r->affine ? (int)f[SP_R_FP8] : 0;
 #endif
     r->word = (int)f[SP_R_WORD];
+    r->dense = (int)f[SP_R_DENSE];
     if (r->word) r->s32 = r->z32 = 1; /* the word is fp32-sized; decoded parameters are read as fp32 */
     r->smode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->ss[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);
     r->zmode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->zs[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);

@@ -271,7 +271,8 @@ def quantize_pack_int4_rht(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 
 # The fields of a PackedRead as sp_decode_packed reads them (the SP_R_* enum of cpu_kernels.c, in its order)
-_READ_FIELDS = 24
+_READ_FIELDS = 25
+_DENSE = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}  # SP_R_DENSE
 _LUT_DTYPES = (torch.float16, torch.float32)
 # fp8's own code tables (the C code converts those bytes without a gather), as int32 bit patterns (NaNs included)
 _FP8_TABLES = {kind: torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).float().view(torch.int32)
@@ -296,7 +297,11 @@ def _describe(r: PackedRead, b: int, h: int, t: int, d: int):
     codes, scale, zero = _row_major(r.codes), _param(r.scale), _param(r.zero)
     affine = r.offset is not None
     lut = r.lut.float().contiguous()
-    if (codes.dtype != torch.uint8 or not 1 <= r.bits <= 8 or r.token_group < 1 or r.channel_group < 1
+    dense = r.packing == "dense"
+    if dense:
+        if codes.dtype not in _DENSE or tuple(codes.shape) != (b, h, t, d):
+            return None
+    elif (codes.dtype != torch.uint8 or not 1 <= r.bits <= 8 or r.token_group < 1 or r.channel_group < 1
             or (not affine and lut.numel() < (256 if r.packing == "bytes" else 2 ** r.bits))):
         return None
     if r.word and (r.token_group != 1 or r.channel_group != d or zero is not None or scale.dtype != torch.float32):
@@ -306,7 +311,9 @@ def _describe(r: PackedRead, b: int, h: int, t: int, d: int):
         if x is not None and (x.dim() != 4 or tuple(x.shape[:2]) != (b, h) or x.shape[2] < groups[0]
                               or x.shape[3] < groups[1]):
             return None
-    if r.packing == "bytes":
+    if dense:  # strides in bytes: the C code steps a byte pointer
+        cs = (0, *(x * codes.element_size() for x in codes.stride()[:3]))
+    elif r.packing == "bytes":
         if tuple(codes.shape) != (b, h, t, d):
             return None
         cs = (0, *codes.stride()[:3])
@@ -325,7 +332,7 @@ def _describe(r: PackedRead, b: int, h: int, t: int, d: int):
     zs = (0, 0, 0, 0) if zero is None else zero.stride()
     fields = (int(r.packing == "bytes"), r.bits, r.token_group, r.channel_group, int(affine),
               int(scale.dtype == torch.float32), int(zero is not None and zero.dtype == torch.float32), rope,
-              *cs, *scale.stride(), *zs, *rs, _fp8_kind(r, lut), int(r.word))
+              *cs, *scale.stride(), *zs, *rs, _fp8_kind(r, lut), int(r.word), _DENSE.get(codes.dtype, 0) * dense)
     assert len(fields) == _READ_FIELDS
     keep = (codes, lut, scale, zero, cos, sin)
     ptrs = (ctypes.c_void_p * 6)(*[None if x is None else x.data_ptr() for x in keep])

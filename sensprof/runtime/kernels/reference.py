@@ -133,12 +133,15 @@ def _per_token(x: torch.Tensor, read: PackedRead, t: int) -> torch.Tensor:
 
 def dequantize_read(read: PackedRead) -> torch.Tensor:
     """A PackedRead as float32 [B, H, T, D] (post-RoPE for keys stored before it): the oracle of every kernel."""
-    codes = unpack_bitplanes(read.codes, read.bits) if read.packing == "planes" else read.codes
-    t = codes.shape[2]
-    scale, zero = split_word(read.scale) if read.word else (read.scale, read.zero)
-    out = read.lut.to(codes.device).float()[codes.long()] * _per_token(scale, read, t)
-    if zero is not None:
-        out = out + _per_token(zero, read, t)
+    if read.dense:
+        out = read.codes.float()
+    else:
+        codes = unpack_bitplanes(read.codes, read.bits) if read.packing == "planes" else read.codes
+        t = codes.shape[2]
+        scale, zero = split_word(read.scale) if read.word else (read.scale, read.zero)
+        out = read.lut.to(codes.device).float()[codes.long()] * _per_token(scale, read, t)
+        if zero is not None:
+            out = out + _per_token(zero, read, t)
     return out if read.rope is None else rotate_half_rope(out, *read.rope)
 
 

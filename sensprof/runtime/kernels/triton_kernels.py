@@ -162,10 +162,13 @@ def _codes_tile(c_ptr, base, CP, CT, t, tm, ch, BITS: tl.constexpr, BYTES: tl.co
 def _dequant_tile(c_ptr, lut_ptr, s_ptr, z_ptr, offset, b, h, t, tm, ch,
                   CP, CB, CH, CT, SB, SH, ST, SC, ZB, ZH, ZT, ZC,
                   BITS: tl.constexpr, BYTES: tl.constexpr, AFFINE: tl.constexpr, HAS_ZERO: tl.constexpr,
-                  TG: tl.constexpr, CG: tl.constexpr, WORD: tl.constexpr):
+                  TG: tl.constexpr, CG: tl.constexpr, WORD: tl.constexpr, DENSE: tl.constexpr):
     """lut[code] * scale[b, h, t // TG, ch // CG] + zero[same] as float32 [BLOCK_T, len(ch)] (contract.PackedRead):
     the code's value computed (code - offset) where AFFINE, else gathered from the table; parameters by strides.
-    WORD: s_ptr holds vLLM's int4 words as int32, split into scale and zero here (contract.split_word)."""
+    WORD: s_ptr holds vLLM's int4 words as int32, split into scale and zero here (contract.split_word). DENSE: c_ptr
+    holds the values themselves (an unquantized side), loaded as they are."""
+    if DENSE:
+        return tl.load(c_ptr + b * CB + h * CH + t[:, None] * CT + ch[None, :], mask=tm[:, None], other=0.0).to(tl.float32)
     c = _codes_tile(c_ptr, b * CB + h * CH, CP, CT, t, tm, ch, BITS, BYTES)
     if AFFINE:
         x = c.to(tl.float32) - offset
@@ -201,7 +204,8 @@ def _decode_kernel(q_ptr, kc_ptr, klut_ptr, ks_ptr, kz_ptr, vc_ptr, vlut_ptr, vs
                    D: tl.constexpr, BITS_K: tl.constexpr, BITS_V: tl.constexpr, K_BYTES: tl.constexpr,
                    V_BYTES: tl.constexpr, K_AFFINE: tl.constexpr, V_AFFINE: tl.constexpr, K_ZERO: tl.constexpr,
                    V_ZERO: tl.constexpr, K_TG: tl.constexpr, K_CG: tl.constexpr, V_TG: tl.constexpr,
-                   V_CG: tl.constexpr, K_WORD: tl.constexpr, V_WORD: tl.constexpr, ROPE: tl.constexpr,
+                   V_CG: tl.constexpr, K_WORD: tl.constexpr, V_WORD: tl.constexpr, K_DENSE: tl.constexpr,
+                   V_DENSE: tl.constexpr, ROPE: tl.constexpr,
                    HAS_MASK: tl.constexpr,
                    BLOCK_T: tl.constexpr, N_SPLITS: tl.constexpr, N_BLOCKS: tl.constexpr,
                    REP: tl.constexpr, REP_P2: tl.constexpr, USE_DOT: tl.constexpr, TILE_DTYPE: tl.constexpr):
@@ -231,12 +235,12 @@ def _decode_kernel(q_ptr, kc_ptr, klut_ptr, ks_ptr, kz_ptr, vc_ptr, vlut_ptr, vs
             tm = tm & (tl.load(mask_ptr + b * M_B + t, mask=tm, other=0) != 0)
         kf = _dequant_tile(kc_ptr, klut_ptr, ks_ptr, kz_ptr, k_offset, b, hkv, t, tm, d,
                            KC_P, KC_B, KC_H, KC_T, KS_B, KS_H, KS_T, KS_C, KZ_B, KZ_H, KZ_T, KZ_C,
-                           BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG, K_WORD)  # [BLOCK_T, D]
+                           BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG, K_WORD, K_DENSE)  # [BLOCK_T, D]
         if ROPE > 0:  # out[d] = x[d] cos - x[d + R/2] sin; out[d + R/2] = x[d + R/2] cos + x[d] sin
             partner = tl.where(d < ROPE // 2, d + ROPE // 2, tl.where(d < ROPE, d - ROPE // 2, d))
             kp = _dequant_tile(kc_ptr, klut_ptr, ks_ptr, kz_ptr, k_offset, b, hkv, t, tm, partner,
                                KC_P, KC_B, KC_H, KC_T, KS_B, KS_H, KS_T, KS_C, KZ_B, KZ_H, KZ_T, KZ_C,
-                               BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG, K_WORD)
+                               BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG, K_WORD, K_DENSE)
             rmask = tm[:, None] & (d[None, :] < ROPE)
             r_off = b * R_B + t[:, None] * R_T + (d % (ROPE // 2))[None, :]
             cs = tl.load(cos_ptr + r_off, mask=rmask, other=1.0)
@@ -254,7 +258,7 @@ def _decode_kernel(q_ptr, kc_ptr, klut_ptr, ks_ptr, kz_ptr, vc_ptr, vlut_ptr, vs
         p = tl.exp(s - tl.where(empty, 0.0, m_new)[:, None])  # exp(-inf) = 0 for the tokens not read
         vf = _dequant_tile(vc_ptr, vlut_ptr, vs_ptr, vz_ptr, v_offset, b, hkv, t, tm, d,
                            VC_P, VC_B, VC_H, VC_T, VS_B, VS_H, VS_T, VS_C, VZ_B, VZ_H, VZ_T, VZ_C,
-                           BITS_V, V_BYTES, V_AFFINE, V_ZERO, V_TG, V_CG, V_WORD)
+                           BITS_V, V_BYTES, V_AFFINE, V_ZERO, V_TG, V_CG, V_WORD, V_DENSE)
         vf = tl.where(tm[:, None], vf, 0.0)  # tokens not read add nothing, whatever their codes
         if USE_DOT:
             pv = _dot(p.to(TILE_DTYPE), vf.to(TILE_DTYPE), TILE_DTYPE)
@@ -284,12 +288,12 @@ def _read_args(r: PackedRead, zero_like: torch.Tensor):
     if r.word:
         scale = r.scale.view(torch.int32)  # split in the kernel
     bytes_ = r.packing == "bytes"
-    cs = (0, *codes.stride()[:3]) if bytes_ else codes.stride()[:4]
+    cs = codes.stride()[:4] if r.packing == "planes" else (0, *codes.stride()[:3])
     zs = (0, 0, 0, 0) if zero is None else zero.stride()
     lut = r.lut.to(device=codes.device, dtype=torch.float32).contiguous()
     tensors = (codes, lut, scale, zero_like if zero is None else zero)
     const = dict(BITS=r.bits, BYTES=bytes_, AFFINE=r.offset is not None, ZERO=zero is not None, TG=r.token_group,
-                 CG=r.channel_group, WORD=r.word)
+                 CG=r.channel_group, WORD=r.word, DENSE=r.dense)
     return tensors, cs, scale.stride(), zs, const, float(r.offset or 0.0)
 
 
@@ -343,7 +347,8 @@ def decode_attention_in_splits(q: torch.Tensor, k: PackedRead, v: PackedRead, k_
             *kcs, *kss, *kzs, *vcs, *vss, *vzs, *rs, 0 if mask is None else mk.stride(0),
             D=d, BITS_K=kk["BITS"], BITS_V=vk["BITS"], K_BYTES=kk["BYTES"], V_BYTES=vk["BYTES"],
             K_AFFINE=kk["AFFINE"], V_AFFINE=vk["AFFINE"], K_ZERO=kk["ZERO"], V_ZERO=vk["ZERO"], K_TG=kk["TG"],
-            K_CG=kk["CG"], V_TG=vk["TG"], V_CG=vk["CG"], K_WORD=kk["WORD"], V_WORD=vk["WORD"], ROPE=rope, HAS_MASK=mask is not None,
+            K_CG=kk["CG"], V_TG=vk["TG"], V_CG=vk["CG"], K_WORD=kk["WORD"], V_WORD=vk["WORD"],
+            K_DENSE=kk["DENSE"], V_DENSE=vk["DENSE"], ROPE=rope, HAS_MASK=mask is not None,
             BLOCK_T=block_t, N_SPLITS=n_splits, N_BLOCKS=blocks, REP=rep, REP_P2=rep_p2, USE_DOT=use_dot,
             TILE_DTYPE=tile_dtype)
     # the full-precision tail is one more split, done densely

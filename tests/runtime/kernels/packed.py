@@ -43,10 +43,11 @@ def packed_cache(b=2, hq=4, hkv=2, t=64, tail=5, d=32, bits_k=4, bits_v=2, gk=32
 # Every codec and granularity the store packs: min-max per channel (3-bit over 128 tokens) and per token (3-8
 # bits), llama.cpp's blocks (signed-max q4_0 / q5_0, absmax q8_0, min-max q4_1), per tensor int8, fp8 bytes per
 # tensor (plain and calibrated), per head and per token-head, absmax int8 per token-head, 2-bit with sinks and a
-# residual, vLLM's rotated int4 per token-head (its fp32 word split by the kernel).
+# residual, vLLM's rotated int4 per token-head (its fp32 word split by the kernel), and an unquantized side
+# ("none", read as held).
 LAYOUTS = ["int4_c32", "int3_c128", "int4_t32", "int5_t64", "int8_t32", "q4_0", "q4_1", "q5_0", "q8_0", "int8",
            "fp8_e4m3", "fp8_e4m3_cal", "fp8_e4m3_head", "fp8_per_token_head", "int8_per_token_head",
-           "int2_c32_r32_s4", "int4_per_token_head"]
+           "int2_c32_r32_s4", "int4_per_token_head", "none"]
 
 
 def store_of(name, x, kernels="reference"):

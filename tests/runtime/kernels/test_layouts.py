@@ -15,7 +15,7 @@ import torch
 from runtime.kernels.packed import LAYOUTS, rope_tables, store_reads
 from runtime.kernels.test_triton_kernels import _run_interpreted, needs_triton
 
-from sensprof.runtime.kernels import cpu_kernels, reference
+from sensprof.runtime.kernels import cpu_kernels, dense_read, reference
 
 needs_compiler = pytest.mark.skipif(cpu_kernels.available() is not None,
                                     reason=f"the compiled CPU kernels cannot build here: {cpu_kernels.available()}")
@@ -130,10 +130,14 @@ def test_the_generic_path_matches_without_native_instructions(tmp_path, monkeypa
     try:
         assert cpu_kernels.available() is None
         for k_name, v_name in (("int4_t32", "int3_c128"), ("fp8_e4m3_head", "q4_0"), ("int8", "fp8_per_token_head"),
-                               ("int3_c128", "int4_t32")):
+                               ("int3_c128", "int4_t32"), ("int4_per_token_head", "none"), ("none", "int4_per_token_head")):
             args, kw = store_reads(k_name, v_name, b=2, t=300, d=64)
             args["k"] = replace(args["k"], rope=rope_tables(2, args["k"].tokens, 32))
             _check_c(args, dict(kw, mask=masks(2, args["k"].tokens, 5)))
+        for dtype in (torch.float16, torch.bfloat16):  # an unquantized side in a 16-bit model
+            args, kw = store_reads("none", "none", b=2, t=100, d=64)
+            held = dense_read(args["v"].codes.to(dtype))
+            _check_c(dict(args, k=replace(held, codes=held.codes * 2), v=held), kw)
     finally:
         cpu_kernels._load.cache_clear()
 
@@ -274,6 +278,21 @@ def test_a_plan_of_mixed_layouts_decodes_through_the_triton_kernel_as_through_th
         print("ok", err)
     """)
     assert out.startswith("ok")
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_an_unquantized_side_in_the_models_dtype_is_read_as_held(dtype, monkeypatch):
+    """dense_read of fp32 / fp16 / bf16 values (a layer's unquantized K or V), strided as the store's buffer is,
+    against int4 per-token values (and as values, against q4_0 keys), with a mask: the C kernels (AVX2 and the
+    portable loops) read it in place, as the reference does."""
+    g = torch.Generator().manual_seed(3)
+    held = (torch.randn(2, 2, 200, 64, generator=g) * 3).to(dtype)[:, :, 7:177]  # a view into a larger buffer
+    args, kw = store_reads("int4_t32", "int4_t32", b=2, hq=6, hkv=2, t=170, tail=4, d=64)
+    for k, v in ((dense_read(held), args["v"]), (args["k"], dense_read(held))):
+        case = dict(args, k=k, v=v)
+        _check_c(case, kw)
+        _check_c(case, dict(kw, mask=masks(2, 170, 4)))
 
 
 @needs_compiler
