@@ -13,6 +13,11 @@ a rotated layout also says how to rotate the query and the dense tail into it, a
   centroid[code] times a per-token scale (the fp16 norm times vLLM's norm correction, computed once at append and
   held in fp32: 2 bytes per token and head more than vLLM's fp16 norm); fp8 keys (k8v4, and Ampere's e4b15) as
   their bit patterns' table; values min/max per (token, head) with fp16 scale and zero, as vLLM holds them.
+- vLLM Octave (ROCm; engines/vllm/octave.py): Lloyd-Max codebook codes of the sign-flipped orthonormal Hadamard
+  rotation, with one fp16 scale per 64-dim block of keys (per head for compact keys and for values). Block keys
+  give their first rope_dim (64) dims 4-bit codes and the rest 3-bit: held as three bit-planes over every dim plus a
+  fourth over the wide dims, all in one row of bytes per token (PackedRead.wide), so a token costs exactly vLLM's
+  code bytes; the narrow dims read the 3-bit codebook from the table's upper part.
 - vLLM nvfp4 / nvfp4_4over6 and ultraquant_4bit: E2M1 codes (a 16-entry table) with one scale byte per block (e4m3
   per 16; UE8M0 per 32, ultraquant's keys Hadamard-rotated), held as vLLM holds them; the scale bytes are decoded per
   read (T x D / 16 values).
@@ -25,12 +30,13 @@ import functools
 import torch
 
 from ..engines.vllm import nvfp4 as fp4
+from ..engines.vllm import octave as oc
 from ..engines.vllm import turboquant as tq
 from ..engines.vllm import ultraquant as uq
 from ..engines.vllm.per_token_head import largest_pow2_divisor, single_rht
 from ..engines.vllm.turboquant_codebook import centroids, hadamard
 from ..quant import Quantized
-from .kernels import PackedRead, split_word
+from .kernels import PackedRead, reference, split_word
 
 
 @functools.lru_cache(maxsize=None)
@@ -222,6 +228,118 @@ class E2M1Blocks:
     query = to_rotated
 
 
+class _OctaveRotation:
+    """The sign-flipped orthonormal Hadamard rotation over `block`-dim blocks, as a matrix in the decode path (the
+    query, the dense tail, the output) and exactly (octave.rotate / unrotate) where the profiler's values are due."""
+
+    rotated = True
+
+    def _matrix(self, d: int, inverse: bool, device) -> torch.Tensor:
+        return code_table(_octave_rotation, str(device), d, self.block(d), inverse)
+
+    @staticmethod
+    def problem(head_dim: int) -> str | None:
+        return None if head_dim % oc.HADAMARD_BLOCK == 0 else f"Octave needs head_dim in multiples of 64 (got {head_dim})"
+
+    def to_rotated(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() @ self._matrix(x.shape[-1], False, x.device)
+
+    def from_rotated(self, y: torch.Tensor) -> torch.Tensor:
+        return y.float() @ self._matrix(y.shape[-1], True, y.device)
+
+    query = to_rotated  # orthonormal: q . k = rot(q) . rot(k)
+
+
+def _octave_rotation(d: int, block: int, inverse: bool) -> torch.Tensor:
+    """octave.rotate (or unrotate) as a [d, d] matrix: x @ M = rotate(x)."""
+    return (oc.unrotate if inverse else oc.rotate)(torch.eye(d), block)
+
+
+def _octave_lut(*bits: int) -> torch.Tensor:
+    """The codebooks read back (LUT / 64, exact), the first at 0, a second (the narrow dims') at 2 ** (bits + 1)."""
+    first = torch.tensor(oc.LUT[bits[0]], dtype=torch.float32) / oc.LUT_ONE
+    if len(bits) == 1:
+        return first
+    return torch.cat([first, torch.tensor(oc.LUT[bits[1]], dtype=torch.float32) / oc.LUT_ONE])
+
+
+class OctaveKeys(_OctaveRotation):
+    """Block keys: 4-bit codes on the first rope_dim dims and 3-bit on the rest, one fp16 scale per 64 dims; compact
+    keys: 3-bit codes everywhere and one scale per head (rotated over the whole head)."""
+
+    packing = "bytes"  # one row of bytes per token (three planes, then the wide dims' fourth), grown along tokens
+
+    def __init__(self, preset: str):
+        self.preset, self.compact = preset, oc.PRESETS[preset][1]
+
+    def _layout(self, d: int) -> oc.Layout:
+        return oc.Layout(self.preset, d, min(oc.KERNEL_ROPE_DIM, d))
+
+    def block(self, d: int) -> int:
+        return oc.k_block(self._layout(d))
+
+    def pack(self, y: torch.Tensor, ops) -> Quantized:
+        b, h, t, d = y.shape
+        lay = self._layout(d)
+        k = oc.rotate(y.float(), self.block(d))
+        if lay.compact:
+            codes, scale = oc.quantize_lut(k, oc.NOPE_BITS)
+            return Quantized(ops.pack_bitplanes(codes, 3).permute(1, 2, 3, 0, 4).reshape(b, h, t, -1).contiguous(),
+                             scale.contiguous(), None)
+        kb = k.reshape(b, h, t, d // oc.HADAMARD_BLOCK, oc.HADAMARD_BLOCK)
+        nr = lay.rope_dim // oc.HADAMARD_BLOCK
+        cr, sr = oc.quantize_lut(kb[..., :nr, :], oc.ROPE_BITS)
+        cn, sn = oc.quantize_lut(kb[..., nr:, :], oc.NOPE_BITS)
+        codes = torch.cat([cr, cn], dim=-2).reshape(b, h, t, d)
+        planes = ops.pack_bitplanes(codes & 7, 3).permute(1, 2, 3, 0, 4).reshape(b, h, t, -1)  # [B, H, T, 3 D / 8]
+        wide = ops.pack_bitplanes(codes[..., :lay.wide_dim] >> 3, 1)[0]  # bit 3 of the wide dims [B, H, T, W / 8]
+        scale = torch.cat([sr[..., 0], sn[..., 0]], dim=-1)  # [B, H, T, D / 64]
+        return Quantized(torch.cat([planes, wide], dim=-1).contiguous(), scale.contiguous(), None)
+
+    def read(self, q: Quantized) -> PackedRead:
+        b, h, t, row = q.codes.shape
+        d = row * 8 // 3 if self.compact else oc.HADAMARD_BLOCK * q.scale.shape[-1]
+        wide = self._layout(d).wide_dim
+        s = q.codes.stride()
+        planes = q.codes.as_strided((3, b, h, t, d // 8), (d // 8, *s), q.codes.storage_offset())
+        lut = code_table(_octave_lut, str(q.codes.device), *((oc.ROPE_BITS, oc.NOPE_BITS) if wide else (3,)))
+        return PackedRead(codes=planes, scale=q.scale, zero=None, lut=lut, bits=3, token_group=1,
+                          channel_group=d // q.scale.shape[-1], wide=wide)
+
+    def dense(self, q: Quantized, lo: int, hi: int, ops) -> torch.Tensor:
+        # the kernels' oracle reads any PackedRead; prefill's dense read is not on the decode path
+        rotated = reference.dequantize_read(self.read(Quantized(q.codes[:, :, lo:hi], q.scale[:, :, lo:hi], None)))
+        return oc.unrotate(rotated, self.block(rotated.shape[-1]))
+
+
+class OctaveValues(_OctaveRotation):
+    """v_bits codebook codes over the rotated head, one fp16 scale per (token, head)."""
+
+    packing = "planes"
+
+    def __init__(self, preset: str):
+        self.bits = oc.PRESETS[preset][0]
+
+    @staticmethod
+    def block(d: int) -> int:
+        return oc.v_block(d)
+
+    def pack(self, y: torch.Tensor, ops) -> Quantized:
+        codes, scale = oc.quantize_lut(oc.rotate(y.float(), self.block(y.shape[-1])), self.bits)
+        return Quantized(ops.pack_bitplanes(codes, self.bits), scale.contiguous(), None)
+
+    def read(self, q: Quantized) -> PackedRead:
+        d = q.codes.shape[-1] * 8
+        return PackedRead(codes=q.codes, scale=q.scale, zero=None, lut=code_table(_octave_lut, str(q.codes.device),
+                                                                                   self.bits),
+                          bits=self.bits, token_group=1, channel_group=d)
+
+    def dense(self, q: Quantized, lo: int, hi: int, ops) -> torch.Tensor:
+        codes = ops.unpack_float(q.codes[:, :, :, lo:hi], self.bits).long()
+        rotated = code_table(_octave_lut, str(codes.device), self.bits)[codes] * q.scale[:, :, lo:hi].float()
+        return oc.unrotate(rotated, self.block(rotated.shape[-1]))
+
+
 def _e4m3(scale_bytes: torch.Tensor) -> torch.Tensor:
     return scale_bytes.view(torch.float8_e4m3fn).float()
 
@@ -252,7 +370,15 @@ def _turboquant() -> dict:
     return out
 
 
-LAYOUTS = {"vllm.int4_per_token_head": Int4PerTokenHead, **_turboquant(), **_fp4_layouts()}
+def _octave() -> dict:
+    out = {}
+    for preset in oc.PRESETS:
+        out[f"vllm.{preset}.K"] = lambda preset=preset: OctaveKeys(preset)
+        out[f"vllm.{preset}.V"] = lambda preset=preset: OctaveValues(preset)
+    return out
+
+
+LAYOUTS = {"vllm.int4_per_token_head": Int4PerTokenHead, **_turboquant(), **_fp4_layouts(), **_octave()}
 
 
 def engine_layout(scheme):

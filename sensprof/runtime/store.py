@@ -29,9 +29,12 @@ from .kernels import KernelBackend, PackedRead, dense_read, select
 
 def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
     """Why the runtime cannot store this scheme, or None."""
-    if scheme.is_engine and engine_layout(scheme) is None:
+    layout = engine_layout(scheme) if scheme.is_engine else None
+    if scheme.is_engine and layout is None:
         return (f"{scheme.name} is vLLM's own format, emulated for profiling and validation; of vLLM's formats the "
                 f"runtime stores {', '.join(sorted({n.split('.')[1] for n in LAYOUTS}))}")
+    if layout is not None and hasattr(layout, "problem") and layout.problem(head_dim):
+        return layout.problem(head_dim)
     if (scheme.format == "int" and scheme.granularity in ("token", "channel") or scheme.is_engine) and head_dim % 8:
         return f"bit-plane packing needs head_dim divisible by 8 (got {head_dim})"
     return None

@@ -16,6 +16,7 @@ from sensprof.models import describe_layers
 from sensprof.runtime import PlannedCache
 from sensprof.runtime.generate import cache_kwarg
 from sensprof.runtime.kernels import reference
+from sensprof.runtime.store import runtime_problem
 from sensprof.schemes import get_scheme
 from sensprof.taps import QuantTap, StatsTap
 
@@ -152,13 +153,46 @@ def test_plan_for_another_model_and_unstorable_schemes_are_refused():
     plan = make_plan(model, [("int4_c32", "int4_t32")] * 3, [{}] * 3)
     with pytest.raises(SensprofError, match="was made for model fingerprint"):
         PlannedCache.from_plan(plan, make_tiny_model("llama", seed=1))
-    wide = _bf16_llama()  # head_dim 64, the least Octave takes
-    octave = make_plan(wide, [("octave_k3v4.K", "octave_k3v4.V")] * 2, [{}] * 2)  # ROCm's mixed 4/3-bit codes
-    with pytest.raises(SensprofError, match="cannot store scheme 'octave_k3v4.K'.*stores int4_per_token_head"):
-        PlannedCache.from_plan(octave, wide)
+    # a plan cannot price Octave at head_dim 32 (catalog.py); the runtime refuses it on its own too
+    assert "Octave needs head_dim in multiples of 64" in runtime_problem(get_scheme("octave_k3v4.K"), 32)
     cal = make_plan(model, [("fp8_e4m3_cal", "none")] * 3, [{}] * 3)
     with pytest.raises(SensprofError, match="calibrated"):
         PlannedCache.from_plan(cal, model)
+
+
+def test_an_engine_format_without_a_runtime_layout_is_refused_in_one_line(monkeypatch):
+    """Every vLLM format has a layout today; one that lands without one is named, with what the runtime stores."""
+    from sensprof.runtime import engine_layouts
+
+    monkeypatch.delitem(engine_layouts.LAYOUTS, "vllm.octave_k3v4.K")
+    wide = _bf16_llama()
+    plan = make_plan(wide, [("octave_k3v4.K", "octave_k3v4.V")] * 2, [{}] * 2)
+    with pytest.raises(SensprofError, match="cannot store scheme 'octave_k3v4.K'.*runtime stores int4_per_token_head"):
+        PlannedCache.from_plan(plan, wide)
+
+
+@pytest.mark.parametrize("pairs", [[("octave_k3v4.K", "octave_k3v4.V"), ("octave_k3v3.K", "octave_k3v3.V")],
+                                   [("octave_k3v3_compact.K", "octave_k3v3_compact.V"), ("octave_k3v4.K", "none")]])
+def test_vllm_octave_decodes_as_the_profiler_emulates_it_in_vllms_bytes(pairs):
+    """ROCm's Octave (4-bit rotary and 3-bit other key dims, codebook codes, rotated): decoded token by token through
+    the packed kernel as the profiler's emulation predicts, holding vLLM's code and scale bytes (its slot less
+    the padding)."""
+    from sensprof.engines.vllm.octave import Layout
+
+    model = _bf16_llama().float()  # head_dim 64
+    ids = torch.randint(3, 300, (1, 60), generator=torch.Generator().manual_seed(5))
+    plan = make_plan(model, pairs, [{}] * 2)
+    cache = PlannedCache.from_plan(plan, model)
+    run = decode_logprobs(model, cache, ids)
+    with torch.no_grad():
+        plain = model(ids, use_cache=False).logits.log_softmax(-1)
+    assert (run - plain).abs().max() > 1e-3
+    assert (run - _fake_quant_logprobs(model, plan, ids)).abs().max() < 1e-4
+    assert all(layer.packed_steps == ids.shape[1] for layer in cache.layers)
+    lay = Layout(pairs[0][0].split(".")[0], 64, 64)
+    k_bytes, v_bytes = lay.k_code_bytes + 2 * lay.k_scales, lay.v_code_bytes + 2
+    assert cache.layers[0].nbytes() == 60 * 2 * (k_bytes + v_bytes)  # tokens x heads x bytes
+    assert k_bytes + v_bytes <= lay.slot_bytes < k_bytes + v_bytes + 8
 
 
 def test_a_head_dim_the_triton_tiles_cannot_span_is_read_densely():

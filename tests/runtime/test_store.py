@@ -10,7 +10,8 @@ from sensprof.schemes import get_scheme
 
 
 @pytest.mark.parametrize("name", ["int4_c32", "int3_t32", "q4_0", "q5_1", "int2_c64_r16_s4", "int8_per_token_head",
-                                  "fp8_e4m3", "fp8_per_token_head", "int6_t128_r8"])
+                                  "fp8_e4m3", "fp8_per_token_head", "int6_t128_r8", "int4_per_token_head",
+                                  "octave_k3v4.K", "octave_k3v4.V", "octave_k3v3.V", "octave_k3v3_compact.K"])
 def test_store_holds_what_fake_quant_computes(name, device):
     """Appended in uneven chunks, the store's quantized tokens equal fake quantization of the whole."""
     s = get_scheme(name)

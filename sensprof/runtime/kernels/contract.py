@@ -43,6 +43,9 @@ class PackedRead:
       tile (rotate-half over the first R channels) before q.k; None for everything else.
     word: the scale is vLLM's int4 fp32 word, one per token and head (token_group 1, channel_group D, zero None):
       the zero-point code sits in its low 4 mantissa bits (split_word), decoded by the kernel as it reads.
+    wide: channels d < wide (a multiple of 8) have one more code bit, held as plane `bits` at the same strides
+      (wide_plane(): the planes are then parts of one row of bytes per token, as Octave's keys are held); the
+      other channels read lut[2 ** (bits + 1) + code], a second codebook. 0 for every other layout.
     """
 
     codes: torch.Tensor
@@ -56,6 +59,7 @@ class PackedRead:
     packing: str = "planes"
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
     word: bool = False
+    wide: int = 0
 
     @property
     def tokens(self) -> int:
@@ -68,6 +72,11 @@ class PackedRead:
     @property
     def dense(self) -> bool:
         return self.packing == "dense"
+
+    def wide_plane(self) -> torch.Tensor:
+        """The extra bit of the wide channels: [B, H, T, wide // 8] uint8, a view at plane `bits`."""
+        c = self.codes
+        return c.as_strided((*c.shape[1:4], self.wide // 8), c.stride()[1:], c.storage_offset() + self.bits * c.stride(0))
 
     def narrow(self, lo: int, hi: int) -> "PackedRead":
         """Tokens [lo, hi) as views (lo a multiple of token_group)."""

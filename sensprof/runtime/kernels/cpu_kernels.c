@@ -306,7 +306,8 @@ enum {
     SP_R_FP8 = 22, /* the table is fp8's own (1: e4m3fn, 2: e5m2): the bytes convert through fp16, no gather */
     SP_R_WORD = 23, /* the scale is vLLM's int4 fp32 word (one per token and head): zero-point code in its low 4 bits */
     SP_R_DENSE = 24, /* the codes are the values (an unquantized side): 1 fp32, 2 fp16, 3 bf16; code strides in bytes */
-    SP_R_FIELDS = 25
+    SP_R_WIDE = 25,  /* channels below it have one more code bit, plane `bits`; the others read lut[2^(bits+1) + c] */
+    SP_R_FIELDS = 26
 };
 
 #define SP_MAXCHUNKS 128 /* head dims up to 1024 on the generic path */
@@ -316,7 +317,8 @@ typedef struct {
     const char *scale, *zero;
     int bytes, bits, affine, fp8, s32, z32, smode, zmode, word, dense; /* smode / zmode: how 8 channels' parameters
                                                                        * load */
-    int64_t tg, cg, R, cs[4], ss[4], zs[4], rs[2];
+    int64_t tg, cg, R, cs[4], ss[4], zs[4], rs[2], wide;
+    uint64_t narrow; /* wide reads: 2^(bits+1) in every byte, the second codebook's start */
     float offset;
     int64_t soff[SP_MAXCHUNKS], zoff[SP_MAXCHUNKS]; /* broadcast: each 8 channels' parameter offset in its row */
 } read_t;
@@ -328,6 +330,7 @@ static inline uint64_t codes8(const read_t *r, const uint8_t *c, int64_t j) {
         memcpy(&w, c + 8 * j, 8);
     else
         for (int k = 0; k < r->bits; k++) w |= SPREAD[c[k * r->cs[0] + j]] << k;
+    if (r->wide) w |= 8 * j < r->wide ? SPREAD[c[r->bits * r->cs[0] + j]] << r->bits : r->narrow;
     return w;
 }
 
@@ -1050,6 +1053,8 @@ static void read_of(read_t *r, const void *const *ptrs, const int64_t *f, float 
 #endif
     r->word = (int)f[SP_R_WORD];
     r->dense = (int)f[SP_R_DENSE];
+    r->wide = f[SP_R_WIDE];
+    r->narrow = 0x0101010101010101ull << (r->bits + 1);
     if (r->word) r->s32 = r->z32 = 1; /* the word is fp32-sized; decoded parameters are read as fp32 */
     r->smode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->ss[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);
     r->zmode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->zs[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);

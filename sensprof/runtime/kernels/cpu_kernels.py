@@ -271,7 +271,7 @@ def quantize_pack_int4_rht(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 
 # The fields of a PackedRead as sp_decode_packed reads them (the SP_R_* enum of cpu_kernels.c, in its order)
-_READ_FIELDS = 25
+_READ_FIELDS = 26
 _DENSE = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}  # SP_R_DENSE
 _LUT_DTYPES = (torch.float16, torch.float32)
 # fp8's own code tables (the C code converts those bytes without a gather), as int32 bit patterns (NaNs included)
@@ -304,6 +304,9 @@ def _describe(r: PackedRead, b: int, h: int, t: int, d: int):
     elif (codes.dtype != torch.uint8 or not 1 <= r.bits <= 8 or r.token_group < 1 or r.channel_group < 1
             or (not affine and lut.numel() < (256 if r.packing == "bytes" else 2 ** r.bits))):
         return None
+    if r.wide and (r.packing != "planes" or affine or r.bits > 6 or r.wide % 8 or r.wide > d
+                   or lut.numel() < 2 ** (r.bits + 1) + 2 ** r.bits):
+        return None
     if r.word and (r.token_group != 1 or r.channel_group != d or zero is not None or scale.dtype != torch.float32):
         return None  # a word is one fp32 per token and head
     groups = (-(-t // r.token_group), -(-d // r.channel_group))
@@ -332,7 +335,8 @@ def _describe(r: PackedRead, b: int, h: int, t: int, d: int):
     zs = (0, 0, 0, 0) if zero is None else zero.stride()
     fields = (int(r.packing == "bytes"), r.bits, r.token_group, r.channel_group, int(affine),
               int(scale.dtype == torch.float32), int(zero is not None and zero.dtype == torch.float32), rope,
-              *cs, *scale.stride(), *zs, *rs, _fp8_kind(r, lut), int(r.word), _DENSE.get(codes.dtype, 0) * dense)
+              *cs, *scale.stride(), *zs, *rs, _fp8_kind(r, lut), int(r.word), _DENSE.get(codes.dtype, 0) * dense,
+              r.wide)
     assert len(fields) == _READ_FIELDS
     keep = (codes, lut, scale, zero, cos, sin)
     ptrs = (ctypes.c_void_p * 6)(*[None if x is None else x.data_ptr() for x in keep])

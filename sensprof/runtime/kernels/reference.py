@@ -137,6 +137,10 @@ def dequantize_read(read: PackedRead) -> torch.Tensor:
         out = read.codes.float()
     else:
         codes = unpack_bitplanes(read.codes, read.bits) if read.packing == "planes" else read.codes
+        if read.wide:  # the wide channels' extra bit; the others index the second codebook
+            w = read.wide
+            high = unpack_bitplanes(read.wide_plane().unsqueeze(0), 1).long() << read.bits
+            codes = torch.cat([codes[..., :w].long() + high, codes[..., w:].long() + 2 ** (read.bits + 1)], dim=-1)
         t = codes.shape[2]
         scale, zero = split_word(read.scale) if read.word else (read.scale, read.zero)
         out = read.lut.to(codes.device).float()[codes.long()] * _per_token(scale, read, t)

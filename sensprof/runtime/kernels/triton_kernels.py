@@ -141,10 +141,11 @@ def quantize_pack_channels(x: torch.Tensor, bits: int, group: int) -> tuple[torc
 
 
 @triton.jit
-def _codes_tile(c_ptr, base, CP, CT, t, tm, ch, BITS: tl.constexpr, BYTES: tl.constexpr):
+def _codes_tile(c_ptr, base, CP, CT, t, tm, ch, BITS: tl.constexpr, BYTES: tl.constexpr, WIDE: tl.constexpr):
     """Integer codes [BLOCK_T, len(ch)] of tokens t at channels ch: bytes (token stride CT), or bit-planes (plane
     stride CP; plane k holds bit k of eight codes a byte, the first code in the lowest bit). base is int64 and the
-    planes are reached by pointer steps, so no offset wraps at 2^31 (8-bit planes of 128K tokens x batch 32)."""
+    planes are reached by pointer steps, so no offset wraps at 2^31 (8-bit planes of 128K tokens x batch 32).
+    WIDE > 0: channels below it take one more bit from plane BITS, the others index the second codebook."""
     if BYTES:
         c = tl.load(c_ptr + base + t[:, None] * CT + ch[None, :], mask=tm[:, None], other=0).to(tl.int32)
     else:
@@ -155,6 +156,10 @@ def _codes_tile(c_ptr, base, CP, CT, t, tm, ch, BITS: tl.constexpr, BYTES: tl.co
             byte = tl.load(ptr, mask=tm[:, None], other=0).to(tl.int32)
             c += ((byte >> bit) & 1) << k
             ptr += CP
+        if WIDE > 0:
+            wide = ch[None, :] < WIDE
+            byte = tl.load(ptr, mask=tm[:, None] & wide, other=0).to(tl.int32)
+            c += tl.where(wide, ((byte >> bit) & 1) << BITS, 2 ** (BITS + 1))
     return c
 
 
@@ -162,14 +167,15 @@ def _codes_tile(c_ptr, base, CP, CT, t, tm, ch, BITS: tl.constexpr, BYTES: tl.co
 def _dequant_tile(c_ptr, lut_ptr, s_ptr, z_ptr, offset, b, h, t, tm, ch,
                   CP, CB, CH, CT, SB, SH, ST, SC, ZB, ZH, ZT, ZC,
                   BITS: tl.constexpr, BYTES: tl.constexpr, AFFINE: tl.constexpr, HAS_ZERO: tl.constexpr,
-                  TG: tl.constexpr, CG: tl.constexpr, WORD: tl.constexpr, DENSE: tl.constexpr):
+                  TG: tl.constexpr, CG: tl.constexpr, WORD: tl.constexpr, DENSE: tl.constexpr,
+                  WIDE: tl.constexpr):
     """lut[code] * scale[b, h, t // TG, ch // CG] + zero[same] as float32 [BLOCK_T, len(ch)] (contract.PackedRead):
     the code's value computed (code - offset) where AFFINE, else gathered from the table; parameters by strides.
     WORD: s_ptr holds vLLM's int4 words as int32, split into scale and zero here (contract.split_word). DENSE: c_ptr
     holds the values themselves (an unquantized side), loaded as they are."""
     if DENSE:
         return tl.load(c_ptr + b * CB + h * CH + t[:, None] * CT + ch[None, :], mask=tm[:, None], other=0.0).to(tl.float32)
-    c = _codes_tile(c_ptr, b * CB + h * CH, CP, CT, t, tm, ch, BITS, BYTES)
+    c = _codes_tile(c_ptr, b * CB + h * CH, CP, CT, t, tm, ch, BITS, BYTES, WIDE)
     if AFFINE:
         x = c.to(tl.float32) - offset
     else:
@@ -205,7 +211,7 @@ def _decode_kernel(q_ptr, kc_ptr, klut_ptr, ks_ptr, kz_ptr, vc_ptr, vlut_ptr, vs
                    V_BYTES: tl.constexpr, K_AFFINE: tl.constexpr, V_AFFINE: tl.constexpr, K_ZERO: tl.constexpr,
                    V_ZERO: tl.constexpr, K_TG: tl.constexpr, K_CG: tl.constexpr, V_TG: tl.constexpr,
                    V_CG: tl.constexpr, K_WORD: tl.constexpr, V_WORD: tl.constexpr, K_DENSE: tl.constexpr,
-                   V_DENSE: tl.constexpr, ROPE: tl.constexpr,
+                   V_DENSE: tl.constexpr, K_WIDE: tl.constexpr, V_WIDE: tl.constexpr, ROPE: tl.constexpr,
                    HAS_MASK: tl.constexpr,
                    BLOCK_T: tl.constexpr, N_SPLITS: tl.constexpr, N_BLOCKS: tl.constexpr,
                    REP: tl.constexpr, REP_P2: tl.constexpr, USE_DOT: tl.constexpr, TILE_DTYPE: tl.constexpr):
@@ -235,12 +241,12 @@ def _decode_kernel(q_ptr, kc_ptr, klut_ptr, ks_ptr, kz_ptr, vc_ptr, vlut_ptr, vs
             tm = tm & (tl.load(mask_ptr + b * M_B + t, mask=tm, other=0) != 0)
         kf = _dequant_tile(kc_ptr, klut_ptr, ks_ptr, kz_ptr, k_offset, b, hkv, t, tm, d,
                            KC_P, KC_B, KC_H, KC_T, KS_B, KS_H, KS_T, KS_C, KZ_B, KZ_H, KZ_T, KZ_C,
-                           BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG, K_WORD, K_DENSE)  # [BLOCK_T, D]
+                           BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG, K_WORD, K_DENSE, K_WIDE)  # [BLOCK_T, D]
         if ROPE > 0:  # out[d] = x[d] cos - x[d + R/2] sin; out[d + R/2] = x[d + R/2] cos + x[d] sin
             partner = tl.where(d < ROPE // 2, d + ROPE // 2, tl.where(d < ROPE, d - ROPE // 2, d))
             kp = _dequant_tile(kc_ptr, klut_ptr, ks_ptr, kz_ptr, k_offset, b, hkv, t, tm, partner,
                                KC_P, KC_B, KC_H, KC_T, KS_B, KS_H, KS_T, KS_C, KZ_B, KZ_H, KZ_T, KZ_C,
-                               BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG, K_WORD, K_DENSE)
+                               BITS_K, K_BYTES, K_AFFINE, K_ZERO, K_TG, K_CG, K_WORD, K_DENSE, K_WIDE)
             rmask = tm[:, None] & (d[None, :] < ROPE)
             r_off = b * R_B + t[:, None] * R_T + (d % (ROPE // 2))[None, :]
             cs = tl.load(cos_ptr + r_off, mask=rmask, other=1.0)
@@ -258,7 +264,7 @@ def _decode_kernel(q_ptr, kc_ptr, klut_ptr, ks_ptr, kz_ptr, vc_ptr, vlut_ptr, vs
         p = tl.exp(s - tl.where(empty, 0.0, m_new)[:, None])  # exp(-inf) = 0 for the tokens not read
         vf = _dequant_tile(vc_ptr, vlut_ptr, vs_ptr, vz_ptr, v_offset, b, hkv, t, tm, d,
                            VC_P, VC_B, VC_H, VC_T, VS_B, VS_H, VS_T, VS_C, VZ_B, VZ_H, VZ_T, VZ_C,
-                           BITS_V, V_BYTES, V_AFFINE, V_ZERO, V_TG, V_CG, V_WORD, V_DENSE)
+                           BITS_V, V_BYTES, V_AFFINE, V_ZERO, V_TG, V_CG, V_WORD, V_DENSE, V_WIDE)
         vf = tl.where(tm[:, None], vf, 0.0)  # tokens not read add nothing, whatever their codes
         if USE_DOT:
             pv = _dot(p.to(TILE_DTYPE), vf.to(TILE_DTYPE), TILE_DTYPE)
@@ -293,7 +299,7 @@ def _read_args(r: PackedRead, zero_like: torch.Tensor):
     lut = r.lut.to(device=codes.device, dtype=torch.float32).contiguous()
     tensors = (codes, lut, scale, zero_like if zero is None else zero)
     const = dict(BITS=r.bits, BYTES=bytes_, AFFINE=r.offset is not None, ZERO=zero is not None, TG=r.token_group,
-                 CG=r.channel_group, WORD=r.word, DENSE=r.dense)
+                 CG=r.channel_group, WORD=r.word, DENSE=r.dense, WIDE=r.wide)
     return tensors, cs, scale.stride(), zs, const, float(r.offset or 0.0)
 
 
@@ -348,7 +354,7 @@ def decode_attention_in_splits(q: torch.Tensor, k: PackedRead, v: PackedRead, k_
             D=d, BITS_K=kk["BITS"], BITS_V=vk["BITS"], K_BYTES=kk["BYTES"], V_BYTES=vk["BYTES"],
             K_AFFINE=kk["AFFINE"], V_AFFINE=vk["AFFINE"], K_ZERO=kk["ZERO"], V_ZERO=vk["ZERO"], K_TG=kk["TG"],
             K_CG=kk["CG"], V_TG=vk["TG"], V_CG=vk["CG"], K_WORD=kk["WORD"], V_WORD=vk["WORD"],
-            K_DENSE=kk["DENSE"], V_DENSE=vk["DENSE"], ROPE=rope, HAS_MASK=mask is not None,
+            K_DENSE=kk["DENSE"], V_DENSE=vk["DENSE"], K_WIDE=kk["WIDE"], V_WIDE=vk["WIDE"], ROPE=rope, HAS_MASK=mask is not None,
             BLOCK_T=block_t, N_SPLITS=n_splits, N_BLOCKS=blocks, REP=rep, REP_P2=rep_p2, USE_DOT=use_dot,
             TILE_DTYPE=tile_dtype)
     # the full-precision tail is one more split, done densely

@@ -50,6 +50,12 @@ LAYOUTS = ["int4_c32", "int3_c128", "int4_t32", "int5_t64", "int8_t32", "q4_0", 
            "int2_c32_r32_s4", "int4_per_token_head", "none"]
 
 
+# vLLM's Octave (head dims in multiples of 64 only): block keys with 4-bit rotary and 3-bit other dims (a wide read),
+# compact 3-bit keys, 4- and 3-bit codebook values, and Octave keys beside an integer value layout
+OCTAVE_PAIRS = [("octave_k3v4.K", "octave_k3v4.V"), ("octave_k3v3_compact.K", "octave_k3v3.V"),
+                ("octave_k3v3.K", "int4_t32")]
+
+
 def store_of(name, x, kernels="reference"):
     """A TensorStore of scheme `name` holding x [B, H, T, D] (appended in two parts), with per-head absmax
     statistics where the scheme is calibrated."""

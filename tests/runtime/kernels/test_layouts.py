@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from runtime.kernels.packed import LAYOUTS, rope_tables, store_reads
+from runtime.kernels.packed import LAYOUTS, OCTAVE_PAIRS, rope_tables, store_reads
 from runtime.kernels.test_triton_kernels import _run_interpreted, needs_triton
 
 from sensprof.runtime.kernels import cpu_kernels, dense_read, reference
@@ -130,7 +130,8 @@ def test_the_generic_path_matches_without_native_instructions(tmp_path, monkeypa
     try:
         assert cpu_kernels.available() is None
         for k_name, v_name in (("int4_t32", "int3_c128"), ("fp8_e4m3_head", "q4_0"), ("int8", "fp8_per_token_head"),
-                               ("int3_c128", "int4_t32"), ("int4_per_token_head", "none"), ("none", "int4_per_token_head")):
+                               ("int3_c128", "int4_t32"), ("int4_per_token_head", "none"), ("none", "int4_per_token_head"),
+                               ("octave_k3v4.K", "octave_k3v3.V")):
             args, kw = store_reads(k_name, v_name, b=2, t=300, d=64)
             args["k"] = replace(args["k"], rope=rope_tables(2, args["k"].tokens, 32))
             _check_c(args, dict(kw, mask=masks(2, args["k"].tokens, 5)))
@@ -145,7 +146,7 @@ def test_the_generic_path_matches_without_native_instructions(tmp_path, monkeypa
 _TRITON_CHECK = """
     import torch
     from dataclasses import replace
-    from runtime.kernels.packed import LAYOUTS, rope_tables, store_reads
+    from runtime.kernels.packed import LAYOUTS, OCTAVE_PAIRS, rope_tables, store_reads
     from runtime.kernels.test_layouts import PAIRS, masks
     from sensprof.runtime.kernels import reference, triton_kernels
 
@@ -195,6 +196,20 @@ def test_mixed_layouts_rope_and_windows_through_the_triton_kernel():
         n = args["k"].tokens
         args["k"] = replace(args["k"], rope=rope_tables(2, n, d if i % 3 else d // 2, seed=i))
         check(args, dict(kw, mask=masks(2, n, 3, window=n // 2)) if i % 2 else kw)
+    print("ok", worst)
+    """)
+    assert out.startswith("ok")
+
+
+@needs_triton
+def test_octave_layouts_decode_through_the_triton_kernel():
+    """Octave's wide key reads and codebook values (head dim 64), with a padding mask."""
+    out = _run_interpreted(_TRITON_CHECK + """
+    from runtime.kernels.packed import OCTAVE_PAIRS
+    for k_name, v_name in OCTAVE_PAIRS:
+        args, kw = store_reads(k_name, v_name, b=2, hq=6, hkv=2, t=100, tail=3, d=64)
+        check(args, kw)
+        check(args, dict(kw, mask=masks(2, args["k"].tokens, 3)))
     print("ok", worst)
     """)
     assert out.startswith("ok")
@@ -278,6 +293,18 @@ def test_a_plan_of_mixed_layouts_decodes_through_the_triton_kernel_as_through_th
         print("ok", err)
     """)
     assert out.startswith("ok")
+
+
+@needs_compiler
+@pytest.mark.parametrize("k_name,v_name", OCTAVE_PAIRS, ids=lambda n: n)
+@pytest.mark.parametrize("d", [64, 128])
+def test_octave_layouts_decode_through_the_c_kernels(k_name, v_name, d):
+    """Octave's wide reads (one more code bit on the rotary dims, a second codebook on the rest) and codebook
+    values, read by the C kernels themselves, with masks and GQA."""
+    args, kw = store_reads(k_name, v_name, b=3, hq=6, hkv=2, t=150, tail=4, d=d)
+    assert args["k"].wide == (0 if "compact" in k_name else 64)
+    _check_c(args, kw)
+    _check_c(args, dict(kw, mask=masks(3, args["k"].tokens, 4)))
 
 
 @needs_compiler
