@@ -2,9 +2,9 @@
 
 For each context length: prefill that many corpus tokens into every cache, then decode --steps tokens
 greedily, one step of each cache in turn (so a change in the machine's speed during the run hits every
-cache alike), and print decode tokens/s and the cache's bytes, for DynamicCache (bytes as stored),
-transformers' QuantizedCache (quanto and hqq backends, 4-bit) and PlannedCache (a uniform 4-bit plan and,
-with --plan, a plan of yours). The QuantizedCache backends come with the `bench` extra:
+cache alike), and print decode tokens/s, the cache's bytes and the prefill's seconds (one cache after another,
+not interleaved), for DynamicCache (bytes as stored), transformers' QuantizedCache (quanto and hqq backends,
+4-bit) and PlannedCache (a uniform 4-bit plan and, with --plan, a plan of yours). The QuantizedCache backends come with the `bench` extra:
     pip install -e '.[bench]'          # optimum-quanto and hqq
     python benchmarks/runtime.py [--contexts 1024,4096,8128] [--steps 16] [--plan P.json ...] [--examples]
     python benchmarks/runtime.py --quick  # one context of 256 tokens, 4 steps: a check, not a measurement
@@ -75,12 +75,15 @@ def run(model, kw, make_cache, ids, steps):
 
 @torch.inference_mode()
 def run_interleaved(model, kw, caches, ids, steps):
-    """Prefill every cache, then one decode step of each in turn: name -> (tokens/s, bytes) or the error."""
-    state, spent, results = {}, {}, {}
+    """Prefill every cache (timed, one after another), then one decode step of each in turn: name -> (tokens/s,
+    bytes, packed share, prefill seconds) or the error."""
+    state, spent, prefill, results = {}, {}, {}, {}
     for name, make in caches.items():
         try:
             cache = make()
+            t0 = time.perf_counter()
             nxt = model(ids, use_cache=True, **{kw: cache}).logits[:, -1:].argmax(-1)
+            prefill[name] = time.perf_counter() - t0
             state[name], spent[name] = (cache, nxt), 0.0
         except Exception as e:  # a backend missing or failing is reported, not fatal
             results[name] = e
@@ -98,7 +101,7 @@ def run_interleaved(model, kw, caches, ids, steps):
     for name, (cache, _) in state.items():
         packed = [getattr(layer, "packed_steps", None) for layer in cache.layers]
         share = None if None in packed else sum(packed) / (len(packed) * steps)
-        results[name] = (steps / spent[name], cache_bytes(cache), share)
+        results[name] = (steps / spent[name], cache_bytes(cache), share, prefill[name])
     return {name: results[name] for name in caches}
 
 
@@ -149,7 +152,7 @@ def main():
             run(model, kw, make, warm, 1)
         except Exception:
             pass
-    print(f"{'cache':<44}{'context':>8}{'tokens/s':>10}{'cache MiB':>11}  packed decode steps")
+    print(f"{'cache':<44}{'context':>8}{'tokens/s':>10}{'cache MiB':>11}{'prefill s':>11}  packed decode steps")
     for n in (int(x) for x in args.contexts.split(",")):
         ids = load_windows(loaded.tokenizer, None, seq_len=n, windows=1, seed=0)[0]
         for name, result in run_interleaved(model, kw, caches, ids, args.steps).items():
@@ -157,7 +160,8 @@ def main():
                 print(f"{name:<44}{n:>8}  failed: {why(result)}", flush=True)
             else:
                 share = "" if result[2] is None else f"  {result[2]:.0%}"
-                print(f"{name:<44}{n:>8}{result[0]:>10.2f}{result[1] / 2**20:>11.2f}{share}", flush=True)
+                print(f"{name:<44}{n:>8}{result[0]:>10.2f}{result[1] / 2**20:>11.2f}{result[3]:>11.2f}{share}",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -3,18 +3,23 @@ value as the cache held it when that position ran, not as it is held once the ch
 
 A streaming cache quantizes a token only once it is due (its per-channel group complete and out of the residual
 window: memory.quantized_token_count), so within one prompt chunk a query early in a group reads the group's
-tokens in full precision and a later one reads them quantized. The chunk's attention therefore runs over two
-versions of the tokens that changed state during the chunk (the profiler's taps.quantized_attention, a block of
-queries at a time); tokens quantized before the chunk, and tokens still pending after it, have one version.
+tokens in full precision and a later one reads them quantized. The chunk's attention therefore reads two
+versions of the tokens that change state during the chunk, with the profiler's rule (taps.full_precision_from).
+It runs a block of queries at a time over only what that block can read: positions up to its last query, one
+version where every query of the block reads the same one, and both versions, masked per query, over the band
+where the block's queries differ (about a block wide), so a long prompt costs about one causal attention, not
+one attention over every version of every position.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..hooks import QUERY_BLOCK
+from ..hooks import plain_attention
 from ..quant import quantize_query
-from ..taps import quantized_attention
+from ..taps import full_precision_from
+
+EXACT_QUERY_BLOCK = 256  # queries per call: the band of two versions is about this wide
 
 
 class PrefillKV:
@@ -47,6 +52,36 @@ def full_precision_versions(store, before: torch.Tensor | None, new: torch.Tenso
     return torch.cat([held[..., :held.shape[-2] - fresh.shape[-2], :], fresh.to(held.dtype)], dim=-2)
 
 
+class _Reads:
+    """Which version of a position a query reads: quantized iff sink <= j < fp_from[row] (fp_from None: every j past
+    the sinks), none for an unquantized scheme."""
+
+    def __init__(self, scheme, n: int, device):
+        self.none = scheme.is_identity
+        self.sink = 0 if self.none else scheme.sink
+        self.fp_from = None if self.none else full_precision_from(scheme, n, device)
+
+    def bounds(self, r0: int, r1: int, end: int) -> tuple[int, int, int]:
+        """(sink, lo, hi) for rows [r0, r1): positions [sink, lo) are read quantized by every row, [lo, hi) by some."""
+        if self.none:
+            return 0, 0, 0
+        if self.fp_from is None:
+            return self.sink, end, end
+        lo, hi = int(self.fp_from[r0]), int(self.fp_from[r1 - 1])  # fp_from never decreases
+        return self.sink, max(lo, self.sink), max(hi, self.sink)
+
+    def quantized(self, rows: torch.Tensor, cols: slice) -> torch.Tensor:
+        """[len(rows), len(cols)] bool for a mixed segment."""
+        j = torch.arange(cols.start, cols.stop, device=rows.device)[None, :]
+        return (j >= self.sink) & (j < self.fp_from[rows][:, None])
+
+
+def _state(bounds: tuple[int, int, int], a: int) -> str:
+    """A segment [a, b) between breakpoints is wholly before the sinks, quantized, mixed, or after (full precision)."""
+    sink, lo, hi = bounds
+    return "fp" if a < sink or a >= hi else ("q" if a < lo else "mixed")
+
+
 def exact_prefill_attention(fallback, module, query, keys, values, k_scheme, v_scheme, attention_mask, kwargs):
     """The chunk's attention output [B, q, Hq, D]: query rows are the last q of the n held positions.
 
@@ -54,17 +89,43 @@ def exact_prefill_attention(fallback, module, query, keys, values, k_scheme, v_s
     (k_q, k_fp), (v_q, v_fp) = keys, values
     query = quantize_query(k_scheme, query)  # an engine's query transform (the profiler's QuantTap applies it too)
     n, q = k_q.shape[-2], query.shape[-2]
+    neg = torch.finfo(query.dtype).min
     mask = attention_mask
     if mask is not None and mask.dtype == torch.bool:  # the parts are joined by an additive mask
-        mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
-            ~mask, torch.finfo(query.dtype).min)
-    k_s = None if k_scheme.is_identity else k_scheme
-    v_s = None if v_scheme.is_identity else v_scheme
+        mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, neg)
+    rk, rv = _Reads(k_scheme, n, query.device), _Reads(v_scheme, n, query.device)
+    versions = {"k": {"q": k_q, "fp": k_fp}, "v": {"q": v_q, "fp": v_fp}}
     outs = []
-    for lo in range(0, q, QUERY_BLOCK):
-        hi = min(q, lo + QUERY_BLOCK)
-        m = None if mask is None else mask[..., lo:hi, :]
-        out, _ = quantized_attention(fallback, module, query[..., lo:hi, :], k_fp, v_fp, k_q, v_q, k_s, v_s, m,
-                                     kwargs, rows=slice(n - q + lo, n - q + hi), weights=False)
+    for lo in range(0, q, EXACT_QUERY_BLOCK):
+        hi = min(q, lo + EXACT_QUERY_BLOCK)
+        r0, r1 = n - q + lo, n - q + hi  # the block's rows; no row reads past r1 - 1
+        rows = torch.arange(r0, r1, device=query.device)
+        kb, vb = rk.bounds(r0, r1, r1), rv.bounds(r0, r1, r1)
+        cuts = sorted({0, r1, *(min(max(x, 0), r1) for x in kb + vb)})
+        block = None if mask is None else mask[..., lo:hi, :n]
+        if block is None:  # causal
+            block = torch.zeros(hi - lo, r1, dtype=query.dtype, device=query.device).masked_fill_(
+                torch.arange(r1, device=query.device)[None, :] > rows[:, None], neg)[None, None]
+        ks, vs, ms = [], [], []
+        for a, b in zip(cuts, cuts[1:]):
+            if a == b:
+                continue
+            cols = block[..., a:b]
+            sk, sv = _state(kb, a), _state(vb, a)
+            for kv in (("q", "fp") if sk == "mixed" else (sk,)):
+                for vv in (("q", "fp") if sv == "mixed" else (sv,)):
+                    reads = None
+                    if sk == "mixed":
+                        reads = rk.quantized(rows, slice(a, b)) == (kv == "q")
+                    if sv == "mixed":
+                        rv_reads = rv.quantized(rows, slice(a, b)) == (vv == "q")
+                        reads = rv_reads if reads is None else reads & rv_reads
+                    ks.append(versions["k"][kv][..., a:b, :])
+                    vs.append(versions["v"][vv][..., a:b, :])
+                    ms.append(cols if reads is None else cols.masked_fill(~reads, neg))
+        one = len(ks) == 1
+        out, _ = plain_attention(fallback, module, query[..., lo:hi, :], ks[0] if one else torch.cat(ks, dim=-2),
+                                 vs[0] if one else torch.cat(vs, dim=-2), ms[0] if one else torch.cat(ms, dim=-1),
+                                 **kwargs)
         outs.append(out)
     return torch.cat(outs, dim=1)

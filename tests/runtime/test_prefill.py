@@ -49,6 +49,26 @@ def test_prefill_reads_what_the_profiler_measured(arch, chunks, device):
     assert (run - ref).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("chunks", [[700], [300, 1, 399]])
+def test_long_prompts_read_what_the_profiler_measured_block_by_block(chunks, device):
+    """Prompts longer than one query block (prefill.EXACT_QUERY_BLOCK): each block reads one version where all its
+    queries agree and both over the band where they differ, with sinks, residual windows and key groups whose
+    bands cross block edges, and a layer with an unquantized side."""
+    from sensprof.runtime.prefill import EXACT_QUERY_BLOCK
+
+    assert max(chunks) > EXACT_QUERY_BLOCK
+    model = make_tiny_model("llama").to(device)
+    ids = torch.randint(3, 300, (1, 700), generator=torch.Generator().manual_seed(6)).to(device)
+    plan = make_plan(model, [("int3_c32_r16_s4", "int4_t32_r8"), ("int4_c128", "none"), ("none", "int2_t32_r40_s2")],
+                     [{}] * 3)
+    ref = _fake_quant_logprobs(model, plan, ids)
+    run = _prefill_logprobs(model, PlannedCache.from_plan(plan, model), ids, chunks)
+    with torch.no_grad():
+        plain = model(ids, use_cache=False).logits.log_softmax(-1)
+    assert (run - plain).abs().max() > 1e-3
+    assert (run - ref).abs().max() < 1e-4
+
+
 def test_a_chunk_end_read_is_not_what_the_profiler_measured(device):
     """Why the two versions: reading every prompt position against the cache as held at the chunk's end (a
     whole key group quantized for its own first tokens too) differs from the profile."""
