@@ -111,10 +111,7 @@ class PlannedLayer(DynamicLayer):
         if not ok:
             return None
         a, b, k_body, v_body = _packed_overlap(ks, vs, lo)
-        k_tail = torch.cat([ks.dense_range(lo - ks.dropped, a - ks.dropped), ks.dense_range(b - ks.dropped, t - ks.dropped)],
-                           dim=-2)
-        v_tail = torch.cat([vs.dense_range(lo - vs.dropped, a - vs.dropped), vs.dense_range(b - vs.dropped, t - vs.dropped)],
-                           dim=-2)
+        k_tail, v_tail = _tail(ks, lo, a, b, t), _tail(vs, lo, a, b, t)
         a, b = a - lo, b - lo
         mask = None if valid is None else torch.cat([valid[:, a:b], valid[:, :a], valid[:, b:]], dim=-1)
         q = self.attention_query(query)[:, :, 0]
@@ -174,6 +171,19 @@ def _packed_overlap(k_store, v_store, lo: int):
         if b > a:
             return a, b, kr.narrow(a - k0, b - k0), vr.narrow(a - v0, b - v0)
     return lo, lo, _no_tokens(k_store), _no_tokens(v_store)
+
+
+def _tail(store, lo: int, a: int, b: int, t: int) -> torch.Tensor:
+    """The held tokens of [lo, a) and [b, t) (absolute positions) in the model dtype, in that order: a view when one
+    part holds them all, else one concatenation."""
+    d = store.dropped
+    blocks = [x.to(store.dtype) for lo_, hi_ in ((lo, a), (b, t)) for _, x in store.dense_blocks(lo_ - d, hi_ - d)]
+    if len(blocks) == 1:
+        return blocks[0]
+    if not blocks:
+        p = store.pending
+        return p.new_empty(*p.shape[:2], 0, p.shape[-1])
+    return torch.cat(blocks, dim=-2)
 
 
 def _no_tokens(store) -> PackedRead:

@@ -291,6 +291,13 @@ class TensorStore:
         """Held tokens [lo, hi) (0 = the oldest still held), dequantized, in the model dtype."""
         b, h, _, d = self.pending.shape
         out = torch.empty(b, h, max(hi - lo, 0), d, dtype=self.dtype, device=self.pending.device)
+        for at, block in self.dense_blocks(lo, hi):
+            out[..., at - lo:at - lo + block.shape[-2], :] = block
+        return out
+
+    def dense_blocks(self, lo: int, hi: int):
+        """(first position, block) covering held tokens [lo, hi) in order: views of the sinks and pending tokens,
+        the packed ones dequantized (a decode step's tail is usually views only: no copy until the kernel's)."""
         at = 0
         for part, n in self._parts():
             a, z = max(lo - at, 0), min(hi - at, n)
@@ -303,9 +310,8 @@ class TensorStore:
                                                                                                self.dtype))
                 else:
                     block = self._dequant(part, a, z)
-                out[..., at + a - lo:at + z - lo, :] = block
+                yield at + a, block
             at += n
-        return out
 
     def _parts(self):
         yield self.sink, self.sink.shape[-2]

@@ -30,7 +30,7 @@
 static uint64_t SPREAD[256]; /* byte -> 8 bytes, byte i = bit i */
 #define SP_VBLOCK 64 /* value tokens whose weights are computed together */
 #define SP_MAXTHREADS 64
-#define SP_PARALLEL_WORK 4096 /* (sequences x KV heads x tokens) below which one thread is quicker */
+#define SP_PARALLEL_WORK 1536 /* (sequences x KV heads x tokens) below which one thread is quicker (benchmarks/decode_layouts.py) */
 #define SP_ABI_VERSION 4      /* = ABI_VERSION in cpu_kernels.py: bump both whenever an exported signature changes */
 
 int sp_abi_version(void) { return SP_ABI_VERSION; }
