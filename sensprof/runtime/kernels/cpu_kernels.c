@@ -315,8 +315,9 @@ typedef struct {
     const uint8_t *codes;
     const float *lut, *cos, *sin;
     const char *scale, *zero;
-    int bytes, bits, affine, fp8, s32, z32, smode, zmode, word, dense; /* smode / zmode: how 8 channels' parameters
-                                                                       * load */
+    int bytes, bits, affine, fp8, s32, z32, smode, zmode, word, dense, special; /* smode / zmode: how 8 channels'
+                                                                                * parameters load; special: dense,
+                                                                                * fp8 or wide (raw8) */
     int64_t tg, cg, R, cs[4], ss[4], zs[4], rs[2], wide;
     uint64_t narrow; /* wide reads: 2^(bits+1) in every byte, the second codebook's start */
     float offset;
@@ -324,14 +325,19 @@ typedef struct {
 } read_t;
 
 /* the 8 codes of channels 8j .. 8j+7 of the token whose codes start at c, a byte each (little-endian) */
-static inline uint64_t codes8(const read_t *r, const uint8_t *c, int64_t j) {
+static inline uint64_t plain_codes8(const read_t *r, const uint8_t *c, int64_t j) { /* bytes or planes */
     uint64_t w = 0;
     if (r->bytes)
         memcpy(&w, c + 8 * j, 8);
     else
         for (int k = 0; k < r->bits; k++) w |= SPREAD[c[k * r->cs[0] + j]] << k;
-    if (r->wide) w |= 8 * j < r->wide ? SPREAD[c[r->bits * r->cs[0] + j]] << r->bits : r->narrow;
     return w;
+}
+
+static inline uint64_t codes8(const read_t *r, const uint8_t *c, int64_t j) { /* with a wide read's extra bit */
+    const uint64_t w = plain_codes8(r, c, j);
+    if (!r->wide) return w;
+    return w | (8 * j < r->wide ? SPREAD[c[r->bits * r->cs[0] + j]] << r->bits : r->narrow);
 }
 
 /* vLLM's int4 word (contract.split_word): the scale is the word with its low 4 bits cleared, the zero -zp * scale */
@@ -534,13 +540,14 @@ static inline __m256 param8(const char *p, int f32, int mode, int64_t off, int64
 }
 
 /* the code values (table or affine) of channels 8j .. 8j+7 of the token whose codes start at c */
-static inline __m256 raw8(const read_t *r, const uint8_t *c, int64_t j) {
-    if (r->dense == 1) return _mm256_loadu_ps((const float *)c + 8 * j);
-    if (r->dense == 3) /* bf16: the top half of an fp32 */
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)c + j)), 16));
-#ifdef __F16C__
-    if (r->dense == 2) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)c + j));
-#endif
+static inline __m256 lut8(const read_t *r, uint64_t codes) {
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)codes));
+    return r->affine ? _mm256_sub_ps(_mm256_cvtepi32_ps(idx), _mm256_set1_ps(r->offset))
+                     : _mm256_i32gather_ps(r->lut, idx, 4);
+}
+
+/* raw8 for the reads that are not plain codes: dense values, fp8 converted without a gather, wide codes */
+static inline __attribute__((always_inline)) __m256 special8(const read_t *r, const uint8_t *c, int64_t j) {
 #ifdef __F16C__
     if (r->fp8) { /* fp8 bytes as fp16 bits: e5m2 is fp16's top byte; e4m3fn shifted in reads 2^-8 of its value */
         const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(c + 8 * j)));
@@ -552,9 +559,24 @@ static inline __m256 raw8(const read_t *r, const uint8_t *c, int64_t j) {
         return _mm256_blendv_ps(v, _mm256_set1_ps(NAN), nan); /* S.1111.111: e4m3fn's NaN */
     }
 #endif
-    const __m256i idx = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)codes8(r, c, j)));
-    return r->affine ? _mm256_sub_ps(_mm256_cvtepi32_ps(idx), _mm256_set1_ps(r->offset))
-                     : _mm256_i32gather_ps(r->lut, idx, 4);
+    if (r->wide) return lut8(r, codes8(r, c, j));
+    if (r->dense == 1) return _mm256_loadu_ps((const float *)c + 8 * j);
+    if (r->dense == 3) /* bf16: the top half of an fp32 */
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)c + j)), 16));
+#ifdef __F16C__
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)c + j)); /* fp16 */
+#else
+    float x[8];
+    for (int i = 0; i < 8; i++) x[i] = dense_value(r, c, 8 * j + i);
+    return _mm256_loadu_ps(x);
+#endif
+}
+
+/* the code values (table or affine) of channels 8j .. 8j+7 of the token whose codes start at c; one predictable
+ * branch keeps the special reads off the common path */
+static inline __m256 raw8(const read_t *r, const uint8_t *c, int64_t j) {
+    if (__builtin_expect(r->special, 0)) return special8(r, c, j);
+    return lut8(r, plain_codes8(r, c, j));
 }
 
 /* channels 8j .. 8j+7 of the token whose codes start at c, dequantized */
@@ -1055,6 +1077,7 @@ static void read_of(read_t *r, const void *const *ptrs, const int64_t *f, float 
     r->dense = (int)f[SP_R_DENSE];
     r->wide = f[SP_R_WIDE];
     r->narrow = 0x0101010101010101ull << (r->bits + 1);
+    r->special = r->dense || r->fp8 || r->wide;
     if (r->word) r->s32 = r->z32 = 1; /* the word is fp32-sized; decoded parameters are read as fp32 */
     r->smode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->ss[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);
     r->zmode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->zs[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);
