@@ -94,6 +94,9 @@ def exact_prefill_attention(fallback, module, query, keys, values, k_scheme, v_s
     if mask is not None and mask.dtype == torch.bool:  # the parts are joined by an additive mask
         mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, neg)
     rk, rv = _Reads(k_scheme, n, query.device), _Reads(v_scheme, n, query.device)
+    if not any(lo < hi for _, lo, hi in (rk.bounds(n - q, n, n), rv.bounds(n - q, n, n))):
+        # no token changes state within the chunk: every query reads K and V as held now, in one call
+        return plain_attention(fallback, module, query, k_q, v_q, attention_mask, **kwargs)[0]
     versions = {"k": {"q": k_q, "fp": k_fp}, "v": {"q": v_q, "fp": v_fp}}
     outs = []
     for lo in range(0, q, EXACT_QUERY_BLOCK):
