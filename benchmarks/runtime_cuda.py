@@ -1,8 +1,9 @@
 """GPU benchmark of the packed-cache decode kernel and of end-to-end decoding; writes JSON and markdown.
 
 1. Kernel: one decode step of attention over a 4-bit packed cache (contract.PackedRead: int4_c32 keys with
-   int4_t32 values, the KIVI layout, and q4_0 keys and values, llama.cpp's signed-max blocks without
-   zero-points; the Triton kernel reads the packed codes, fp16 scales and zero-points) vs torch SDPA over the
+   int4_t32 values, the KIVI layout; q4_0 keys and values, llama.cpp's signed-max blocks without zero-points;
+   vLLM's int4_per_token_head, one fp32 word of scale and zero-point per token and head, split in the kernel; the
+   Triton kernel reads the packed codes, scales and zero-points) vs torch SDPA over the
    bf16 cache, at contexts 8K/32K/128K and batch 1/8/32, for a Llama-3-8B-like layer (32 query heads, 8 KV
    heads, head_dim 128). Reports time, bytes read, achieved bytes/s and the fraction of the GPU's peak
    bandwidth.
@@ -53,7 +54,7 @@ def timed(fn, device, iters: int, warmup: int = 3) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-LAYOUTS = ("int4_c32/int4_t32", "q4_0/q4_0")
+LAYOUTS = ("int4_c32/int4_t32", "q4_0/q4_0", "int4_per_token_head")
 
 
 def packed_cache(layout, b, hkv, t, d, device, gen):
@@ -74,6 +75,17 @@ def packed_cache(layout, b, hkv, t, d, device, gen):
         def read():
             return PackedRead(codes=codes(), scale=half(b, hkv, t, d // group), zero=None, lut=table - 8, bits=bits,
                               token_group=1, channel_group=group, offset=8.0)
+
+        return {"k": read(), "v": read()}
+    if layout == "int4_per_token_head":  # vLLM's: one fp32 word per (token, head), the zero-point in its low 4 bits
+        def word():
+            scale = (torch.rand(b, hkv, t, 1, device=device, generator=gen) * 0.1 + 1e-3).view(torch.int32)
+            zp = torch.randint(0, 16, (b, hkv, t, 1), device=device, generator=gen, dtype=torch.int32)
+            return ((scale & -16) | zp).view(torch.float32)
+
+        def read():
+            return PackedRead(codes=codes(), scale=word(), zero=None, lut=table, bits=bits, token_group=1,
+                              channel_group=d, offset=0.0, word=True)
 
         return {"k": read(), "v": read()}
     k = PackedRead(codes=codes(), scale=half(b, hkv, t // group, d), zero=half(b, hkv, t // group, d), lut=table,
