@@ -317,7 +317,7 @@ typedef struct {
     const char *scale, *zero;
     int bytes, bits, affine, fp8, s32, z32, smode, zmode, word, dense, special; /* smode / zmode: how 8 channels'
                                                                                 * parameters load; special: dense,
-                                                                                * fp8 or wide (raw8) */
+                                                                                * wide (raw8) */
     int64_t tg, cg, R, cs[4], ss[4], zs[4], rs[2], wide;
     uint64_t narrow; /* wide reads: 2^(bits+1) in every byte, the second codebook's start */
     float offset;
@@ -546,19 +546,21 @@ static inline __m256 lut8(const read_t *r, uint64_t codes) {
                      : _mm256_i32gather_ps(r->lut, idx, 4);
 }
 
-/* raw8 for the reads that are not plain codes: dense values, fp8 converted without a gather, wide codes */
-static inline __attribute__((always_inline)) __m256 special8(const read_t *r, const uint8_t *c, int64_t j) {
 #ifdef __F16C__
-    if (r->fp8) { /* fp8 bytes as fp16 bits: e5m2 is fp16's top byte; e4m3fn shifted in reads 2^-8 of its value */
-        const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(c + 8 * j)));
-        if (r->fp8 == 2) return _mm256_cvtph_ps(_mm_slli_epi16(x, 8));
-        const __m128i mag = _mm_and_si128(x, _mm_set1_epi16(0x7f));
-        const __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8));
-        const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-        const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
-        return _mm256_blendv_ps(v, _mm256_set1_ps(NAN), nan); /* S.1111.111: e4m3fn's NaN */
-    }
+/* fp8 bytes as fp16 bits: e5m2 is fp16's top byte; e4m3fn shifted in reads 2^-8 of its value */
+static inline __m256 fp8_8(const read_t *r, const uint8_t *c, int64_t j) {
+    const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(c + 8 * j)));
+    if (r->fp8 == 2) return _mm256_cvtph_ps(_mm_slli_epi16(x, 8));
+    const __m128i mag = _mm_and_si128(x, _mm_set1_epi16(0x7f));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8));
+    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
+    return _mm256_blendv_ps(v, _mm256_set1_ps(NAN), nan); /* S.1111.111: e4m3fn's NaN */
+}
 #endif
+
+/* raw8 for the rarer reads: wide codes and dense values */
+static __m256 special8(const read_t *r, const uint8_t *c, int64_t j) {
     if (r->wide) return lut8(r, codes8(r, c, j));
     if (r->dense == 1) return _mm256_loadu_ps((const float *)c + 8 * j);
     if (r->dense == 3) /* bf16: the top half of an fp32 */
@@ -572,9 +574,12 @@ static inline __attribute__((always_inline)) __m256 special8(const read_t *r, co
 #endif
 }
 
-/* the code values (table or affine) of channels 8j .. 8j+7 of the token whose codes start at c; one predictable
- * branch keeps the special reads off the common path */
+/* the code values (table or affine) of channels 8j .. 8j+7 of the token whose codes start at c: fp8 converted
+ * without a gather; the rarer reads behind one predictable branch, off the common path */
 static inline __m256 raw8(const read_t *r, const uint8_t *c, int64_t j) {
+#ifdef __F16C__
+    if (r->fp8) return fp8_8(r, c, j);
+#endif
     if (__builtin_expect(r->special, 0)) return special8(r, c, j);
     return lut8(r, plain_codes8(r, c, j));
 }
@@ -1077,7 +1082,7 @@ static void read_of(read_t *r, const void *const *ptrs, const int64_t *f, float 
     r->dense = (int)f[SP_R_DENSE];
     r->wide = f[SP_R_WIDE];
     r->narrow = 0x0101010101010101ull << (r->bits + 1);
-    r->special = r->dense || r->fp8 || r->wide;
+    r->special = r->dense || r->wide;
     if (r->word) r->s32 = r->z32 = 1; /* the word is fp32-sized; decoded parameters are read as fp32 */
     r->smode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->ss[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);
     r->zmode = r->cg % 8 == 0 ? SP_P_BROADCAST : (r->cg == 1 && r->zs[3] == 1 ? SP_P_VECTOR : SP_P_EXPAND);
