@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 
 from ...constants import FP8_E4M3_MAX as E4M3_MAX
+from .nibbles import pack_nibbles, unpack_nibbles
 
 BLOCK = 16
 _E2M1_MAG = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -103,14 +104,13 @@ def quantize_nvfp4(
         bits = torch.where(pick4.unsqueeze(-1), b4, bits)
         scale = torch.where(pick4, s4.float(), scale.float()).to(torch.float8_e4m3fn)
     bits = bits.reshape(*x.shape[:-1], d)
-    data = (bits[..., 0::2] | (bits[..., 1::2] << 4)).to(torch.uint8)
+    data = pack_nibbles(bits)
     return data, scale
 
 
 def dequantize_nvfp4(data: torch.Tensor, scales: torch.Tensor, kv_scale: float = 1.0) -> torch.Tensor:
     """What attention reads: ``e2m1 * e4m3_block_scale * kv_scale`` in fp32."""
-    c = data.to(torch.int64)
-    bits = torch.stack([c & 0xF, c >> 4], -1).reshape(*data.shape[:-1], data.shape[-1] * 2)
+    bits = unpack_nibbles(data.to(torch.int64))
     vals = _values(bits).reshape(*data.shape[:-1], scales.shape[-1], BLOCK)
     return (vals * (scales.float() * kv_scale).unsqueeze(-1)).reshape(vals.shape[:-2] + (-1,))
 

@@ -34,6 +34,7 @@ from typing import Callable
 import torch
 
 from ...constants import FP8_E4M3_MAX
+from .nibbles import pack_nibbles, unpack_nibbles
 
 INT4_LEVELS = 15
 SCALE_FLOOR = 1e-6
@@ -101,16 +102,14 @@ def quantize_int4(x: torch.Tensor, rht: str = "exact"):
     zp = _rha_trunc(-mn / scale).clamp(0.0, 15.0)
     inv = 1.0 / scale
     codes = _rha_trunc(xr * inv[..., None] + zp[..., None]).clamp(0.0, 15.0).to(torch.uint8)
-    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    packed = pack_nibbles(codes)
     bits = (scale.view(torch.int32) & -16) | zp.to(torch.int32)
     return packed, bits.view(torch.float32)
 
 
 def dequantize_int4_rotated(packed: torch.Tensor, scale_zp: torch.Tensor) -> torch.Tensor:
     """What the read kernel multiplies with the rotated query: (code - zp) * (scale bits & ~0xF)."""
-    lo = (packed & 0xF).float()
-    hi = (packed >> 4).float()
-    codes = torch.stack([lo, hi], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    codes = unpack_nibbles(packed).float()
     bits = scale_zp.view(torch.int32)
     zp = (bits & ZP_MASK).float()
     scale = (bits & -16).view(torch.float32)

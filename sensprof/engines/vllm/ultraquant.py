@@ -29,6 +29,8 @@ from typing import Callable
 
 import torch
 
+from .nibbles import pack_nibbles, unpack_nibbles
+
 GROUP = 32
 C = 0.156
 BIAS = 127
@@ -83,7 +85,7 @@ def quantize_ultraquant(x: torch.Tensor, rotate: bool) -> tuple[torch.Tensor, to
     sorted_idx = (norm.unsqueeze(-1) > mids).sum(-1)
     sorted_idx = torch.where(zero.unsqueeze(-1), torch.full_like(sorted_idx, 7), sorted_idx)
     bits = torch.where(sorted_idx < 7, 15 - sorted_idx, sorted_idx - 7).reshape(*y.shape[:-1], d)
-    codes = (bits[..., 0::2] | (bits[..., 1::2] << 4)).to(torch.uint8)
+    codes = pack_nibbles(bits)
     byte = exp + BIAS
     byte = torch.where(zero | (byte < 0) | (byte > 255), torch.zeros_like(byte), byte).to(torch.uint8)
     return codes, byte
@@ -91,8 +93,7 @@ def quantize_ultraquant(x: torch.Tensor, rotate: bool) -> tuple[torch.Tensor, to
 
 def dequantize_ultraquant(codes: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
     """``code * 2**(byte - 127)`` (0 for byte 0), fp32, in the basis it was stored in."""
-    c = codes.to(torch.int64)
-    bits = torch.stack([c & 0xF, c >> 4], dim=-1).reshape(*codes.shape[:-1], codes.shape[-1] * 2)
+    bits = unpack_nibbles(codes.to(torch.int64))
     vals = torch.tensor(_BITS_TO_VALUE, dtype=torch.float32, device=codes.device)[bits]
     b = scale_bytes.to(torch.int32)
     s = torch.where(b == 0, torch.zeros_like(b, dtype=torch.float32), torch.exp2((b - BIAS).float()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ...engines.vllm.nibbles import unpack_nibbles
 from ...engines.vllm.per_token_head import quantize_int4
 from ...quant import minmax_codes
 from .contract import PackedRead, split_word
@@ -86,8 +87,7 @@ def quantize_pack_channels(x: torch.Tensor, bits: int, group: int) -> tuple[torc
 def quantize_pack_int4_rht(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's nibbles (dim 2i low, 2i + 1 high) re-packed as bit-planes of the codes in dim order."""
     packed, word = quantize_int4(x)
-    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
-    return pack_bitplanes(codes, 4), word
+    return pack_bitplanes(unpack_nibbles(packed), 4), word
 
 
 def dequantize_channels(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int, group: int,
