@@ -33,6 +33,7 @@ from ..engines.vllm import nvfp4 as fp4
 from ..engines.vllm import octave as oc
 from ..engines.vllm import turboquant as tq
 from ..engines.vllm import ultraquant as uq
+from ..engines.vllm.nibbles import unpack_nibbles
 from ..engines.vllm.per_token_head import largest_pow2_divisor, single_rht
 from ..engines.vllm.turboquant_codebook import centroids, hadamard
 from ..quant import Quantized
@@ -194,11 +195,6 @@ class TurboQuantValues:
         return tq.dequantize_value(codes, q.scale[:, :, lo:hi, 0], q.zero[:, :, lo:hi, 0])
 
 
-def _nibbles(data: torch.Tensor) -> torch.Tensor:
-    """vLLM's packed nibbles (element 2i in the low nibble of byte i) -> one code a byte."""
-    return torch.stack([data & 0xF, data >> 4], dim=-1).reshape(*data.shape[:-1], data.shape[-1] * 2)
-
-
 class E2M1Blocks:
     """E2M1 codes times a per-block scale byte (nvfp4: e4m3 per 16 values; ultraquant: UE8M0 per 32)."""
 
@@ -210,7 +206,7 @@ class E2M1Blocks:
 
     def pack(self, y: torch.Tensor, ops) -> Quantized:
         data, scale = self.quantize(y)
-        return Quantized(ops.pack_bitplanes(_nibbles(data), 4), scale.view(torch.uint8).contiguous(), None)
+        return Quantized(ops.pack_bitplanes(unpack_nibbles(data), 4), scale.view(torch.uint8).contiguous(), None)
 
     def read(self, q: Quantized) -> PackedRead:
         return PackedRead(codes=q.codes, scale=self.decode_scale(q.scale), zero=None, lut=code_table(_e2m1, str(q.codes.device)),
@@ -248,6 +244,12 @@ class _OctaveRotation:
         return y.float() @ self._matrix(y.shape[-1], True, y.device)
 
     query = to_rotated  # orthonormal: q . k = rot(q) . rot(k)
+
+    def dense(self, q: Quantized, lo: int, hi: int, ops) -> torch.Tensor:
+        """Tokens [lo, hi) in the model's basis, as the emulation computes them: the kernels' oracle reads the layout's
+        PackedRead (prefill's dense read is not on the decode path), then the exact rotation back."""
+        rotated = reference.dequantize_read(self.read(q).narrow(lo, hi))
+        return oc.unrotate(rotated, self.block(rotated.shape[-1]))
 
 
 def _octave_rotation(d: int, block: int, inverse: bool) -> torch.Tensor:
@@ -306,10 +308,6 @@ class OctaveKeys(_OctaveRotation):
         return PackedRead(codes=planes, scale=q.scale, zero=None, lut=lut, bits=3, token_group=1,
                           channel_group=d // q.scale.shape[-1], wide=wide)
 
-    def dense(self, q: Quantized, lo: int, hi: int, ops) -> torch.Tensor:
-        # the kernels' oracle reads any PackedRead; prefill's dense read is not on the decode path
-        rotated = reference.dequantize_read(self.read(Quantized(q.codes[:, :, lo:hi], q.scale[:, :, lo:hi], None)))
-        return oc.unrotate(rotated, self.block(rotated.shape[-1]))
 
 
 class OctaveValues(_OctaveRotation):
@@ -334,10 +332,6 @@ class OctaveValues(_OctaveRotation):
                                                                                    self.bits),
                           bits=self.bits, token_group=1, channel_group=d)
 
-    def dense(self, q: Quantized, lo: int, hi: int, ops) -> torch.Tensor:
-        codes = ops.unpack_float(q.codes[:, :, :, lo:hi], self.bits).long()
-        rotated = code_table(_octave_lut, str(codes.device), self.bits)[codes] * q.scale[:, :, lo:hi].float()
-        return oc.unrotate(rotated, self.block(rotated.shape[-1]))
 
 
 def _e4m3(scale_bytes: torch.Tensor) -> torch.Tensor:

@@ -33,8 +33,9 @@ def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
     if scheme.is_engine and layout is None:
         return (f"{scheme.name} is vLLM's own format, emulated for profiling and validation; of vLLM's formats the "
                 f"runtime stores {', '.join(sorted({n.split('.')[1] for n in LAYOUTS}))}")
-    if layout is not None and hasattr(layout, "problem") and layout.problem(head_dim):
-        return layout.problem(head_dim)
+    why = layout.problem(head_dim) if hasattr(layout, "problem") else None  # a layout's own limits
+    if why:
+        return why
     if (scheme.format == "int" and scheme.granularity in ("token", "channel") or scheme.is_engine) and head_dim % 8:
         return f"bit-plane packing needs head_dim divisible by 8 (got {head_dim})"
     return None

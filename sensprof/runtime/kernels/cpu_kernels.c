@@ -31,7 +31,7 @@ static uint64_t SPREAD[256]; /* byte -> 8 bytes, byte i = bit i */
 #define SP_VBLOCK 64 /* value tokens whose weights are computed together */
 #define SP_MAXTHREADS 64
 #define SP_PARALLEL_WORK 1536 /* (sequences x KV heads x tokens) below which one thread is quicker (benchmarks/decode_layouts.py) */
-#define SP_ABI_VERSION 4      /* = ABI_VERSION in cpu_kernels.py: bump both whenever an exported signature changes */
+#define SP_ABI_VERSION 5      /* = ABI_VERSION in cpu_kernels.py: bump both whenever an exported signature changes */
 
 int sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -1205,8 +1205,9 @@ static inline float rha(float v) { return truncf(v >= 0 ? v + 0.5f : v - 0.5f); 
 /* vLLM's int4_per_token_head write (engines/vllm/per_token_head.quantize_int4), bit for bit: x [N, D] (fp32 values
  * of the model's dtype) rotated blockwise by H_b diag(signs) (b = the largest power-of-two divisor of D; the
  * butterfly in the pair order of the reference, so every fp32 sum rounds the same), rounded back to the model's
- * dtype (rnd: 0 fp32, 1 fp16, 2 bf16), then min/max codes per row: codes as 4 bit-planes [4, N, D/8], and the fp32
- * word [N] (the scale's bits with the zero-point in the low 4). D a multiple of 8, at most 1024. */
+ * dtype (rnd: 1 fp32, 2 fp16, 3 bf16, as SP_R_DENSE names them), then min/max codes per row: codes as 4 bit-planes
+ * [4, N, D/8], and the fp32 word [N] (the scale's bits with the zero-point in the low 4). D a multiple of 8, at most
+ * 1024. */
 void sp_quantize_int4_rht(int64_t N, int64_t D, int64_t rnd, const float *x, const float *signs, uint8_t *codes,
                           float *word) {
     const int64_t bsz = D & -D;
@@ -1225,8 +1226,8 @@ void sp_quantize_int4_rht(int64_t N, int64_t D, int64_t rnd, const float *x, con
                     }
         float mn = INFINITY, mx = -INFINITY;
         for (int64_t d = 0; d < D; d++) {
-            if (rnd == 1) y[d] = h2f(f2h(y[d]));
-            else if (rnd == 2) y[d] = bf16_round(y[d]);
+            if (rnd == 2) y[d] = h2f(f2h(y[d]));
+            else if (rnd == 3) y[d] = bf16_round(y[d]);
             mn = y[d] < mn ? y[d] : mn;
             mx = y[d] > mx ? y[d] : mx;
         }

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ...engines.vllm.per_token_head import rht_signs
+from ...engines.vllm.per_token_head import largest_pow2_divisor, rht_signs
 from . import reference
 from .contract import PackedRead, kivi_keys, kivi_values
 from .reference import pack_bitplanes  # noqa: F401  (the store packs the other codecs; no faster in C)
@@ -36,7 +36,7 @@ _FLAGS = ["-O3", "-std=gnu11", "-pthread", "-fPIC", "-shared", "-ffp-contract=of
 _NATIVE = ["-march=native"]
 _MAX_TOKEN_DIM = 1024  # sp_quantize_pack_tokens keeps one row of codes on the stack
 _MAX_PACKED_DIM = 1024  # sp_decode_packed: SP_MAXCHUNKS * 8
-ABI_VERSION = 4  # = SP_ABI_VERSION in cpu_kernels.c: bump both whenever a signature below changes
+ABI_VERSION = 5  # = SP_ABI_VERSION in cpu_kernels.c: bump both whenever a signature below changes
 
 _P, _I64, _F32, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
@@ -255,24 +255,24 @@ def quantize_pack_channels(x: torch.Tensor, bits: int, group: int) -> tuple[torc
     return codes, scale, zero
 
 
-_ROUNDING = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # sp_quantize_int4_rht's rnd
+# a model dtype as the C code names it: sp_quantize_int4_rht's rounding (rnd), SP_R_DENSE's element type
+_FLOAT_KINDS = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 
 
 def quantize_pack_int4_rht(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n, d = x.shape
-    if not _readable(x) or x.dtype not in _ROUNDING or d % 8 or d > _MAX_TOKEN_DIM:
+    if not _readable(x) or x.dtype not in _FLOAT_KINDS or d % 8 or d > _MAX_TOKEN_DIM:
         return reference.quantize_pack_int4_rht(x)
     xf = x.float().contiguous()
-    signs = rht_signs(d & -d).float().contiguous()
+    signs = rht_signs(largest_pow2_divisor(d)).float().contiguous()
     codes = torch.empty(4, n, d // 8, dtype=torch.uint8)
     word = torch.empty(n, dtype=torch.float32)
-    _lib().sp_quantize_int4_rht(n, d, _ROUNDING[x.dtype], _ptr(xf), _ptr(signs), _ptr(codes), _ptr(word))
+    _lib().sp_quantize_int4_rht(n, d, _FLOAT_KINDS[x.dtype], _ptr(xf), _ptr(signs), _ptr(codes), _ptr(word))
     return codes, word
 
 
 # The fields of a PackedRead as sp_decode_packed reads them (the SP_R_* enum of cpu_kernels.c, in its order)
 _READ_FIELDS = 26
-_DENSE = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}  # SP_R_DENSE
 _LUT_DTYPES = (torch.float16, torch.float32)
 # fp8's own code tables (the C code converts those bytes without a gather), as int32 bit patterns (NaNs included)
 _FP8_TABLES = {kind: torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).float().view(torch.int32)
@@ -299,7 +299,7 @@ def _describe(r: PackedRead, b: int, h: int, t: int, d: int):
     lut = r.lut.float().contiguous()
     dense = r.packing == "dense"
     if dense:
-        if codes.dtype not in _DENSE or tuple(codes.shape) != (b, h, t, d):
+        if codes.dtype not in _FLOAT_KINDS or tuple(codes.shape) != (b, h, t, d):
             return None
     elif (codes.dtype != torch.uint8 or not 1 <= r.bits <= 8 or r.token_group < 1 or r.channel_group < 1
             or (not affine and lut.numel() < (256 if r.packing == "bytes" else 2 ** r.bits))):
@@ -335,7 +335,7 @@ def _describe(r: PackedRead, b: int, h: int, t: int, d: int):
     zs = (0, 0, 0, 0) if zero is None else zero.stride()
     fields = (int(r.packing == "bytes"), r.bits, r.token_group, r.channel_group, int(affine),
               int(scale.dtype == torch.float32), int(zero is not None and zero.dtype == torch.float32), rope,
-              *cs, *scale.stride(), *zs, *rs, _fp8_kind(r, lut), int(r.word), _DENSE.get(codes.dtype, 0) * dense,
+              *cs, *scale.stride(), *zs, *rs, _fp8_kind(r, lut), int(r.word), _FLOAT_KINDS.get(codes.dtype, 0) * dense,
               r.wide)
     assert len(fields) == _READ_FIELDS
     keep = (codes, lut, scale, zero, cos, sin)
