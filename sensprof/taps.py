@@ -30,6 +30,13 @@ def full_precision_from(scheme: QuantScheme, n: int, device=None) -> torch.Tenso
     return start
 
 
+def reads_quantized(sink: int, fp_from: torch.Tensor | None, j: torch.Tensor) -> torch.Tensor:
+    """[rows, len(j)] bool: whether each query (its first full-precision position, fp_from [rows]) reads positions j
+    quantized: past the sinks and before fp_from (fp_from None: every position past the sinks, [1, len(j)])."""
+    reads = j[None, :] >= sink  # sink tokens are kept in full precision: reading them is the baseline's read
+    return reads if fp_from is None else reads & (j[None, :] < fp_from[:, None])
+
+
 def quantized_reads(scheme: QuantScheme | None, n: int, device=None) -> torch.Tensor | None:
     """[n, n] bool: query t reads key/value j quantized. None: every read is quantized (or none is)."""
     if scheme is None or scheme.is_identity:
@@ -37,9 +44,7 @@ def quantized_reads(scheme: QuantScheme | None, n: int, device=None) -> torch.Te
     fp_from = full_precision_from(scheme, n, device)
     if fp_from is None and not scheme.sink:
         return None
-    j = torch.arange(n, device=device)[None, :]
-    reads = j >= scheme.sink  # sink tokens are kept in full precision: reading them is the baseline's read
-    return reads if fp_from is None else reads & (j < fp_from[:, None])
+    return reads_quantized(scheme.sink, fp_from, torch.arange(n, device=device))
 
 
 def first_quantized_row(pairs, n: int) -> int:

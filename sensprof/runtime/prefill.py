@@ -17,7 +17,7 @@ import torch
 
 from ..hooks import plain_attention
 from ..quant import quantize_query
-from ..taps import full_precision_from
+from ..taps import full_precision_from, reads_quantized
 
 EXACT_QUERY_BLOCK = 256  # queries per call: the band of two versions is about this wide
 
@@ -72,8 +72,7 @@ class _Reads:
 
     def quantized(self, rows: torch.Tensor, cols: slice) -> torch.Tensor:
         """[len(rows), len(cols)] bool for a mixed segment."""
-        j = torch.arange(cols.start, cols.stop, device=rows.device)[None, :]
-        return (j >= self.sink) & (j < self.fp_from[rows][:, None])
+        return reads_quantized(self.sink, self.fp_from[rows], torch.arange(cols.start, cols.stop, device=rows.device))
 
 
 def _state(bounds: tuple[int, int, int], a: int) -> str:
