@@ -40,6 +40,17 @@ def _fake_quant_logprobs(model, plan, ids):
         return model(ids, use_cache=False).logits.log_softmax(-1)
 
 
+def _decode_against_profile(model, plan, ids):
+    """(cache, run, ref, plain): next-token log-probabilities decoded token by token through a fresh PlannedCache,
+    as the profiler's fake quantization predicts them, and unquantized."""
+    ref = _fake_quant_logprobs(model, plan, ids)
+    cache = PlannedCache.from_plan(plan, model)
+    run = decode_logprobs(model, cache, ids)
+    with torch.no_grad():
+        plain = model(ids, use_cache=False).logits.log_softmax(-1)
+    return cache, run, ref, plain
+
+
 @pytest.mark.parametrize("arch,pairs", [
     ("llama", [("int4_c32", "int4_t32"), ("q4_0", "int3_t32_r16"), ("fp8_e4m3", "int8")]),
     # vLLM's own formats: rotated int4 per token-head (stored and read as vLLM does), fp8 with the query cast too
@@ -56,11 +67,7 @@ def test_decoding_matches_the_profilers_fake_quantization(arch, pairs, device):
     model = make_tiny_model(arch).to(device)
     ids = torch.randint(3, 300, (2, 70), generator=torch.Generator().manual_seed(1)).to(device)
     plan = make_plan(model, pairs, _calibration(model, ids))
-    ref = _fake_quant_logprobs(model, plan, ids)
-    cache = PlannedCache.from_plan(plan, model)
-    run = decode_logprobs(model, cache, ids)
-    with torch.no_grad():
-        plain = model(ids, use_cache=False).logits.log_softmax(-1)
+    cache, run, ref, plain = _decode_against_profile(model, plan, ids)
     assert (run - plain).abs().max() > 1e-3  # the quantization is real...
     assert (run - ref).abs().max() < 1e-4  # ...and exactly what the profile measured
     # every decode step of every layer read the packed cache (an unquantized side as it is held)
@@ -182,12 +189,9 @@ def test_vllm_octave_decodes_as_the_profiler_emulates_it_in_vllms_bytes(pairs):
     model = _bf16_llama().float()  # head_dim 64
     ids = torch.randint(3, 300, (1, 60), generator=torch.Generator().manual_seed(5))
     plan = make_plan(model, pairs, [{}] * 2)
-    cache = PlannedCache.from_plan(plan, model)
-    run = decode_logprobs(model, cache, ids)
-    with torch.no_grad():
-        plain = model(ids, use_cache=False).logits.log_softmax(-1)
+    cache, run, ref, plain = _decode_against_profile(model, plan, ids)
     assert (run - plain).abs().max() > 1e-3
-    assert (run - _fake_quant_logprobs(model, plan, ids)).abs().max() < 1e-4
+    assert (run - ref).abs().max() < 1e-4
     assert all(layer.packed_steps == ids.shape[1] for layer in cache.layers)
     lay = Layout(pairs[0][0].split(".")[0], 64, 64)
     k_bytes, v_bytes = lay.k_code_bytes + 2 * lay.k_scales, lay.v_code_bytes + 2

@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import make_tiny_model
 from runtime.plans import decode_logprobs, make_plan
-from test_cache import _calibration, _fake_quant_logprobs
+from test_cache import _calibration, _decode_against_profile
 from test_prefill import _prefill_logprobs
 
 from sensprof.errors import SensprofError
@@ -19,11 +19,7 @@ def test_pre_rope_keys_decode_and_prefill_as_the_profiler_measured(arch, device)
     model = make_tiny_model(arch).to(device)
     ids = torch.randint(3, 300, (2, 70), generator=torch.Generator().manual_seed(1)).to(device)
     plan = make_plan(model, PAIRS, _calibration(model, ids))
-    ref = _fake_quant_logprobs(model, plan, ids)
-    cache = PlannedCache.from_plan(plan, model)
-    run = decode_logprobs(model, cache, ids)
-    with torch.no_grad():
-        plain = model(ids, use_cache=False).logits.log_softmax(-1)
+    cache, run, ref, plain = _decode_against_profile(model, plan, ids)
     assert (run - plain).abs().max() > 1e-3
     # 2e-4: this tiny Qwen3 moves as much with post-RoPE keys (a code one rounding step away, not a RoPE effect)
     assert (run - ref).abs().max() < 2e-4
