@@ -16,7 +16,7 @@ A Protocol costs nothing at run time, and nothing here needs autograd or torch.c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -60,6 +60,10 @@ class PackedRead:
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
     word: bool = False
     wide: int = 0
+    memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+    """What a backend derives from the read once (the C kernels' description of its tensors), reused while a layer
+    keeps the read between decode steps; every read starts with an empty one (narrowed ones too: replace() does not
+    copy it)."""
 
     @property
     def tokens(self) -> int:

@@ -13,7 +13,7 @@
  * into the query and the softmax weights), and sp_decode_packed, any layout contract.PackedRead describes (bit-
  * planes or fp8 bytes, a code table or an affine offset, fp16 / fp32 parameters of any group and stride, keys
  * stored before RoPE), dequantizing a token row or a tile of SP_VBLOCK tokens at a time into a per-thread scratch.
- * Both take a read mask, and share the split-K cut, the thread pool and the log-sum-exp merge (run_decode).
+ * Both take a read mask, and share the split-K cut, the threads (run_job) and the log-sum-exp merge (run_decode).
  *
  * Every exported (non-static) function is declared in cpu_kernels.py's SIGNATURES table, parameter for
  * parameter; a test compares the two. SP_ABI_VERSION is written there too, and a library that reports another
@@ -30,8 +30,12 @@
 static uint64_t SPREAD[256]; /* byte -> 8 bytes, byte i = bit i */
 #define SP_VBLOCK 64 /* value tokens whose weights are computed together */
 #define SP_MAXTHREADS 64
-#define SP_PARALLEL_WORK 1536 /* (sequences x KV heads x tokens) below which one thread is quicker (benchmarks/decode_layouts.py) */
-#define SP_ABI_VERSION 5      /* = ABI_VERSION in cpu_kernels.py: bump both whenever an exported signature changes */
+/* (sequences x KV heads x tokens) below which one thread is quicker: waking the pthread pool costs more than
+ * handing items to OpenMP threads still spinning after torch's last op (measured with a torch matmul before each
+ * call; benchmarks/results/2026-12-01-cpu-runtime-night.md) */
+#define SP_PARALLEL_WORK 1536
+#define SP_PARALLEL_WORK_OPENMP 256
+#define SP_ABI_VERSION 6      /* = ABI_VERSION in cpu_kernels.py: bump both whenever an exported signature changes */
 
 int sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -937,18 +941,33 @@ static void worker(job_t *j) {
     free(buf);
 }
 
-/* The worker threads: one pool for the process, started on first need and grown to the largest count a call
+/* The worker threads. Built with OpenMP, a job runs on the OpenMP threads of the calling thread: in a torch process
+ * those are torch's own (one libgomp is loaded, torch's), which spin for a while after each of torch's parallel ops
+ * and so take a decode step's items at once; threads of our own would compete with those spinning workers for the
+ * same cores (the C decode of a 1K-context step took 1.2-1.9x as long that way: benchmarks/results/
+ * 2026-12-01-cpu-runtime-night.md). Without OpenMP, and in a forked child (libgomp's threads do not survive
+ * fork()), the pthread pool below: one for the process, started on first need and grown to the largest count a call
  * asks for (Python passes torch.get_num_threads() with every call), so no call starts threads of its own. A job
- * hands out `tickets`; each idle worker takes one and runs the job's items until none is left. One job at a
- * time: a caller that finds the pool busy (another Python thread: ctypes releases the GIL) runs its items
- * alone. Neither changes a result: the items, and their merge, do not depend on which thread runs them. */
+ * hands out `tickets`; each idle worker takes one and runs the job's items until none is left. One job at a time: a
+ * caller that finds the pool busy (another Python thread: ctypes releases the GIL) runs its items alone. None of
+ * this changes a result: the items, and their merge, do not depend on which thread runs them. */
 static struct {
     pthread_mutex_t lock, busy; /* lock guards the fields below; busy is held for a whole job */
     pthread_cond_t wake, done;
     int started, tickets, running; /* workers alive; tickets not yet taken; taken and not yet finished */
     job_t *job;
+    int forked; /* this process is a forked child: OpenMP's threads are the parent's */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          0, 0, 0, NULL};
+          0, 0, 0, NULL, 0};
+
+/* 1 where a job runs on OpenMP's threads, 0 on the pthread pool (cpu_kernels.threading()). */
+int sp_threading(void) {
+#ifdef _OPENMP
+    return !pool.forked;
+#else
+    return 0;
+#endif
+}
 
 static void pool_after_fork(void) { /* a forked child has only the forking thread: forget the parent's workers */
     pthread_mutex_init(&pool.lock, NULL);
@@ -957,6 +976,7 @@ static void pool_after_fork(void) { /* a forked child has only the forking threa
     pthread_cond_init(&pool.done, NULL);
     pool.started = pool.tickets = pool.running = 0;
     pool.job = NULL;
+    pool.forked = 1;
 }
 
 static void *pool_worker(void *unused) {
@@ -994,6 +1014,13 @@ static int pool_grow(int n) {
 
 /* Runs the job's items on this thread and on up to `helpers` pool workers; returns when every item is done. */
 static void run_job(job_t *j, int helpers) {
+#ifdef _OPENMP
+    if (helpers >= 1 && sp_threading()) { /* the calling thread's OpenMP team: torch's own threads */
+#pragma omp parallel num_threads(helpers + 1)
+        worker(j);
+        return;
+    }
+#endif
     if (helpers < 1 || pthread_mutex_trylock(&pool.busy)) {
         worker(j);
         return;
@@ -1019,7 +1046,7 @@ static int run_decode(job_t *j, int64_t threads, int64_t align, float *out) {
     const int64_t B = j->B, H = j->H, T = j->T, D = j->D, rep = j->Hq / H;
     j->chunk = T, j->nsplit = 1, j->items = B * H;
     if (threads > SP_MAXTHREADS) threads = SP_MAXTHREADS;
-    if (threads > 1 && B * H * T >= SP_PARALLEL_WORK) { /* about four items per thread */
+    if (threads > 1 && B * H * T >= (sp_threading() ? SP_PARALLEL_WORK_OPENMP : SP_PARALLEL_WORK)) { /* ~4 items a thread */
         j->nsplit = (4 * threads + B * H - 1) / (B * H);
         j->chunk = ((T + j->nsplit - 1) / j->nsplit + align - 1) / align * align;
         j->nsplit = (T + j->chunk - 1) / j->chunk;

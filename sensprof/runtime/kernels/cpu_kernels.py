@@ -33,10 +33,11 @@ NAME = "cpu"
 NEEDS_POWER_OF_TWO_HEAD_DIM = False
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAGS = ["-O3", "-std=gnu11", "-pthread", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-fopenmp-simd"]
-_NATIVE = ["-march=native"]
+# tried in order: -march=native where the compiler knows it; OpenMP (torch's threads, see threading()) where it has it
+_VARIANTS = (["-march=native", "-fopenmp"], ["-march=native"], [])
 _MAX_TOKEN_DIM = 1024  # sp_quantize_pack_tokens keeps one row of codes on the stack
 _MAX_PACKED_DIM = 1024  # sp_decode_packed: SP_MAXCHUNKS * 8
-ABI_VERSION = 5  # = SP_ABI_VERSION in cpu_kernels.c: bump both whenever a signature below changes
+ABI_VERSION = 6  # = SP_ABI_VERSION in cpu_kernels.c: bump both whenever a signature below changes
 
 _P, _I64, _F32, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
@@ -50,6 +51,7 @@ def _params(names: str, ctype) -> list:
 SIGNATURES = {
     "sp_abi_version": (_INT, []),
     "sp_init": (None, []),
+    "sp_threading": (_INT, []),
     "sp_decode_attention": (_INT, _params("B Hq H D T Tt", _I64)
                             + _params("q kc kcs ks kss kz kzs vc vcs vs vss vz vzs kt vt mask", _P)
                             + _params("bits_k bits_v gk gv", _I64) + _params("scaling", _F32)
@@ -106,7 +108,7 @@ def _build(cc: str) -> Path:
     except OSError as e:
         raise BuildError(f"the kernel source is missing ({e}); reinstall sensprof") from e
     why = "no writable cache folder"
-    for extra in (_NATIVE, []):  # -march=native where the compiler knows it
+    for extra in _VARIANTS:
         flags = _FLAGS + extra
         key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), cc.encode(), _cpu_id().encode()]))
         for folder in (cache_dir(), Path(tempfile.gettempdir()) / f"sensprof-kernels-{os.getuid()}"):
@@ -131,7 +133,7 @@ def _build(cc: str) -> Path:
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
-            break  # the compiler failed: retry without the native flags
+            break  # the compiler failed: retry with fewer flags
     raise BuildError(f"compiling {SOURCE.name} failed: {why}")
 
 
@@ -173,9 +175,15 @@ def _lib():
 
 
 def _threads() -> int:
-    """As many threads as torch uses for its own ops (torch.set_num_threads): the C code's one pool grows to
-    this count (passed on every call) and starts no threads per call."""
+    """As many threads as torch uses for its own ops (torch.set_num_threads), passed on every call."""
     return torch.get_num_threads()
+
+
+def threading() -> str:
+    """Whose threads run a decode call's items: "openmp" (the calling thread's OpenMP team: torch's own threads,
+    where the build has OpenMP and torch's libgomp is the one loaded) or "pthreads" (the C code's one pool, grown
+    to the count a call asks for, which starts no threads per call)."""
+    return "openmp" if _lib().sp_threading() else "pthreads"
 
 
 def _ptr(t: torch.Tensor):
@@ -343,6 +351,20 @@ def _describe(r: PackedRead, b: int, h: int, t: int, d: int):
     return ptrs, (ctypes.c_int64 * _READ_FIELDS)(*fields), float(r.offset or 0.0), keep
 
 
+def _memo(r: PackedRead, key: str, make):
+    """make(r), computed once per read: a layer hands the kernel the same reads on every step until they change."""
+    if key not in r.memo:
+        r.memo[key] = make(r)
+    return r.memo[key]
+
+
+def _kivi_args(r: PackedRead) -> tuple[tuple, tuple]:
+    """(pointers and strides of a KIVI read's codes, scale and zero as sp_decode_attention takes them, the tensors
+    they point into: kept alive with them)."""
+    tensors = tuple(_row_major(x) for x in (r.codes, r.scale, r.zero))
+    return tuple(a for x in tensors for a in (_ptr(x), _strides(x))), tensors
+
+
 def decode_attention(q: torch.Tensor, k: PackedRead, v: PackedRead, k_tail: torch.Tensor, v_tail: torch.Tensor, *,
                      scaling: float, mask: torch.Tensor | None = None) -> torch.Tensor:
     """KIVI layouts (contract.kivi_keys / kivi_values) through sp_decode_attention's fused loops; any other layout
@@ -362,15 +384,12 @@ def decode_attention(q: torch.Tensor, k: PackedRead, v: PackedRead, k_tail: torc
     mp = None if read_mask is None else _ptr(read_mask)
     out = torch.empty(b, hq, d, dtype=torch.float32)
     if kivi_keys(k) and kivi_values(v):
-        kc, ks, kz, vc, vs, vz = (_row_major(x) for x in (k.codes, k.scale, k.zero, v.codes, v.scale, v.zero))
         rc = _lib().sp_decode_attention(
-            b, hq, hkv, d, t, tt, _ptr(q),
-            _ptr(kc), _strides(kc), _ptr(ks), _strides(ks), _ptr(kz), _strides(kz),
-            _ptr(vc), _strides(vc), _ptr(vs), _strides(vs), _ptr(vz), _strides(vz),
+            b, hq, hkv, d, t, tt, _ptr(q), *_memo(k, "kivi", _kivi_args)[0], *_memo(v, "kivi", _kivi_args)[0],
             _ptr(k_tail), _ptr(v_tail), mp, k.bits, v.bits, k.token_group, v.channel_group, float(scaling),
             _ptr(out), _threads())
     else:
-        kr, vr = _describe(k, b, hkv, t, d), _describe(v, b, hkv, t, d)
+        kr, vr = (_memo(r, "packed", lambda r: _describe(r, b, hkv, t, d)) for r in (k, v))
         if kr is None or vr is None:
             return reference.decode_attention(q, k, v, k_tail, v_tail, scaling=scaling, mask=mask)
         rc = _lib().sp_decode_packed(b, hq, hkv, d, t, tt, _ptr(q), kr[0], kr[1], kr[2], vr[0], vr[1], vr[2],

@@ -3,15 +3,17 @@
 Quantize-and-pack must be bit-exact (the runtime stores what the profile measured); decode attention
 within float tolerance, on every code path of the C file: the AVX2 loops and the portable ones (built
 without -march=native), query heads per KV head up to 8 and beyond, value groups that are and are not
-multiples of 8, strided views, and long contexts split across threads (one pool, shared by concurrent
-callers, renewed in a forked child). Then the binding and the build: the ctypes table against the C
-prototypes, a library of another ABI version, the cache, a missing compiler and a failing one.
+multiples of 8, strided views, and long contexts split across threads (torch's OpenMP team, or the C
+code's one pool; shared by concurrent callers, renewed in a forked child). Then the binding and the build:
+the ctypes table against the C prototypes, a library of another ABI version, the cache, a missing compiler
+and a failing one.
 """
 
 import ctypes
 import os
 import re
 import select
+import shutil
 import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -127,6 +129,20 @@ def test_decode_attention_reads_strided_views():
 
 
 @needs_compiler
+def test_a_reads_description_is_made_once_and_a_narrowed_read_gets_its_own():
+    """The C arguments a read needs are kept on the read (a layer hands the same reads to every step until they
+    change); a narrowed read is another read, described afresh."""
+    args, kw, _ = packed_cache(1, 9, 3, 128, 7, 64, 4, 3, 32, 32)
+    first = cpu_kernels.decode_attention(**args, **kw)
+    described = dict(args["k"].memo)
+    assert described and torch.equal(cpu_kernels.decode_attention(**args, **kw), first)
+    assert args["k"].memo.keys() == described.keys() and all(args["k"].memo[x] is described[x] for x in described)
+    view = dict(args, k=args["k"].narrow(32, 96), v=args["v"].narrow(32, 96))
+    assert view["k"].memo == {}
+    _close(cpu_kernels.decode_attention(**view, **kw), reference.decode_attention(**view, **kw))
+
+
+@needs_compiler
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_long_contexts_split_across_threads_give_the_same_attention(threads, monkeypatch):
     """Split-K: slices of one head on different threads, merged by log-sum-exp (the tail in the last slice)."""
@@ -136,28 +152,51 @@ def test_long_contexts_split_across_threads_give_the_same_attention(threads, mon
         _close(cpu_kernels.decode_attention(**args, **kw), reference.decode_attention(**args, **kw), 1e-4)
 
 
-def _pool_threads() -> set:
-    """Thread ids of the kernels' worker pool (named by cpu_kernels.c)."""
+def _threads_named(name: str | None = None) -> set:
+    """Thread ids of this process (those named `name`: the C code names its pool's workers sp-kernels)."""
     tasks = "/proc/self/task"
-    return {tid for tid in os.listdir(tasks) if open(f"{tasks}/{tid}/comm").read().strip() == "sp-kernels"}
+    return {tid for tid in os.listdir(tasks) if name is None or open(f"{tasks}/{tid}/comm").read().strip() == name}
+
+
+@pytest.fixture(params=["default", "pthreads"])
+def threads_of(request, fresh_build, monkeypatch):
+    """The default build (OpenMP where the compiler has it) and one without OpenMP (the C code's own pool)."""
+    if request.param == "pthreads":
+        monkeypatch.setattr(cpu_kernels, "_VARIANTS", (["-march=native"], []))
+    assert cpu_kernels.available() is None
+    return request.param
 
 
 @needs_compiler
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
-def test_one_pool_of_threads_serves_every_call_with_the_same_result(monkeypatch):
-    """Torch's thread count sizes one persistent pool: later calls start no threads, and give the same bits."""
+def test_later_calls_start_no_threads_and_give_the_same_result(threads_of, monkeypatch):
+    """Torch's thread count sizes the threads of the first call: later calls start none, and give the same bits."""
     monkeypatch.setattr(cpu_kernels, "_threads", lambda: 3)
     args, kw, _ = packed_cache(1, 9, 3, 4096, 17, 64, 4, 4, 32, 32)
     first = cpu_kernels.decode_attention(**args, **kw)
-    pool = _pool_threads()
-    assert len(pool) >= 2  # 3 threads: this one and two workers, alive between calls
+    _close(first, reference.decode_attention(**args, **kw), 1e-4)
+    alive = _threads_named()
     for _ in range(3):
         assert torch.equal(cpu_kernels.decode_attention(**args, **kw), first)
-    assert _pool_threads() == pool
+    assert _threads_named() == alive
+    if threads_of == "pthreads":
+        assert cpu_kernels.threading() == "pthreads"
+        assert len(_threads_named("sp-kernels")) >= 2  # 3 threads: this one and two workers, alive between calls
 
 
 @needs_compiler
-def test_concurrent_callers_get_the_single_callers_result(monkeypatch):
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("gcc") is None,
+                    reason="reads /proc/self/maps; GCC's OpenMP")
+def test_the_kernels_run_on_torchs_own_openmp_threads():
+    """Built with OpenMP, the kernels load no second OpenMP runtime: their parallel regions reuse torch's team,
+    whose workers are still spinning after torch's last op (threads of their own would compete with them)."""
+    assert cpu_kernels.threading() == "openmp"
+    maps = open("/proc/self/maps").read()
+    assert len(set(re.findall(r"\S*/libgomp[^/\s]*", maps))) == 1
+
+
+@needs_compiler
+def test_concurrent_callers_get_the_single_callers_result(threads_of, monkeypatch):
     """ctypes releases the GIL: callers from several Python threads share the pool (or run alone), same bits."""
     monkeypatch.setattr(cpu_kernels, "_threads", lambda: 3)
     args, kw, _ = packed_cache(2, 4, 1, 2112, 0, 128, 3, 5, 32, 64)
@@ -170,7 +209,8 @@ def test_concurrent_callers_get_the_single_callers_result(monkeypatch):
 @needs_compiler
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
 def test_a_forked_child_starts_a_pool_of_its_own(monkeypatch):
-    """The parent's workers do not exist in a forked child (multiprocessing, data loaders): it must not wait on them."""
+    """The parent's workers (its pool's, or OpenMP's) do not exist in a forked child (multiprocessing, data loaders): it
+    must not wait on them, and runs on a pool of its own."""
     monkeypatch.setattr(cpu_kernels, "_threads", lambda: 3)
     args, kw, _ = packed_cache(1, 9, 3, 4096, 17, 64, 4, 4, 32, 32)
     want = cpu_kernels.decode_attention(**args, **kw)  # the parent's pool is running
@@ -180,7 +220,8 @@ def test_a_forked_child_starts_a_pool_of_its_own(monkeypatch):
         pid = os.fork()
     if pid == 0:
         try:
-            os.write(w, b"1" if torch.equal(cpu_kernels.decode_attention(**args, **kw), want) else b"0")
+            same = torch.equal(cpu_kernels.decode_attention(**args, **kw), want)
+            os.write(w, b"1" if same and cpu_kernels.threading() == "pthreads" else b"0")
         finally:
             os._exit(0)
     os.close(w)
@@ -238,7 +279,7 @@ def test_a_stale_library_is_refused(old, new, reason, fresh_build, monkeypatch):
 @needs_compiler
 def test_portable_build_without_native_instructions_matches(fresh_build, monkeypatch):
     """Built without -march=native: the scalar loops and the portable fp16 conversion."""
-    monkeypatch.setattr(cpu_kernels, "_NATIVE", [])
+    monkeypatch.setattr(cpu_kernels, "_VARIANTS", ([],))
     assert cpu_kernels.available() is None
     for case in CASES[:5] + [(1, 9, 3, 4096, 17, 64, 4, 4, 32, 32)]:
         args, kw, _ = packed_cache(*case)

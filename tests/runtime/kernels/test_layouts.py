@@ -125,7 +125,7 @@ def test_long_masked_contexts_split_across_threads(threads, monkeypatch):
 def test_the_generic_path_matches_without_native_instructions(tmp_path, monkeypatch):
     """Built without -march=native: the portable dequantization (scalar fp16, no gathers) of every kind."""
     monkeypatch.setenv("SENSPROF_CACHE", str(tmp_path))
-    monkeypatch.setattr(cpu_kernels, "_NATIVE", [])
+    monkeypatch.setattr(cpu_kernels, "_VARIANTS", ([],))
     cpu_kernels._load.cache_clear()
     try:
         assert cpu_kernels.available() is None
