@@ -18,7 +18,8 @@ from .attention import (
     reads_through_interface,
     use_planned_attention,
 )
-from .kernels import KernelBackend, PackedRead, select
+from .decode_reads import DecodeReads
+from .kernels import KernelBackend, select
 from .prefill import PrefillKV, exact_prefill_attention, full_precision_versions
 from .rope_table import RopeTable, capture_position_embeddings
 from .store import TensorStore, runtime_problem
@@ -44,6 +45,7 @@ class PlannedLayer(DynamicLayer):
         self.packed_steps = 0  # decode steps served by the packed kernel (the rest read the dense cache)
         self.index, self.attention_module = index, attention_module
         self.k_store.rope = rope  # keys stored before RoPE: the position table shared by the layers of this kind
+        self.reads = DecodeReads()  # what the decode kernel reads, kept between steps
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.device = key_states.device
@@ -110,8 +112,7 @@ class PlannedLayer(DynamicLayer):
         ok, valid = read_mask(attention_mask, t - lo, self.sliding_window)
         if not ok:
             return None
-        a, b, k_body, v_body = _packed_overlap(ks, vs, lo)
-        k_tail, v_tail = _tail(ks, lo, a, b, t), _tail(vs, lo, a, b, t)
+        a, b, k_body, v_body, k_tail, v_tail = self.reads.step(ks, vs, lo, t)
         a, b = a - lo, b - lo
         mask = None if valid is None else torch.cat([valid[:, a:b], valid[:, :a], valid[:, b:]], dim=-1)
         q = self.attention_query(query)[:, :, 0]
@@ -153,47 +154,6 @@ class PlannedLayer(DynamicLayer):
 
     def nbytes(self) -> int:
         return self.k_store.nbytes() + self.v_store.nbytes()
-
-
-def _packed_overlap(k_store, v_store, lo: int):
-    """(a, b, K read, V read): the absolute positions [a, b) >= lo that K and V both hold packed, starting on
-    whole groups of both reads and ending on a whole key group (the fast kernels' whole-group layouts stay whole);
-    empty reads at a = b = lo when there are none."""
-    k_read, v_read = k_store.packed_read(), v_store.packed_read()
-    if k_read is not None and v_read is not None:
-        (k0, nk, kr), (v0, nv, vr) = k_read, v_read
-        k0, v0 = k0 + k_store.dropped, v0 + v_store.dropped
-        gk, gv = kr.token_group, vr.token_group
-        a, end = max(k0, v0, lo), min(k0 + nk, v0 + nv)
-        while a < end and ((a - k0) % gk or (a - v0) % gv):
-            a += 1
-        b = a + (end - a) // gk * gk
-        if b > a:
-            return a, b, kr.narrow(a - k0, b - k0), vr.narrow(a - v0, b - v0)
-    return lo, lo, _no_tokens(k_store), _no_tokens(v_store)
-
-
-def _tail(store, lo: int, a: int, b: int, t: int) -> torch.Tensor:
-    """The held tokens of [lo, a) and [b, t) (absolute positions) in the model dtype, in that order: a view when one
-    part holds them all, else one concatenation."""
-    d = store.dropped
-    blocks = [x.to(store.dtype) for lo_, hi_ in ((lo, a), (b, t)) for _, x in store.dense_blocks(lo_ - d, hi_ - d)]
-    if len(blocks) == 1:
-        return blocks[0]
-    if not blocks:
-        p = store.pending
-        return p.new_empty(*p.shape[:2], 0, p.shape[-1])
-    return torch.cat(blocks, dim=-2)
-
-
-def _no_tokens(store) -> PackedRead:
-    """An empty read (every token is in the tail), in the layout of a 1-bit minmax code."""
-    b, h, _, d = store.pending.shape
-    dev = store.pending.device
-    empty = torch.zeros(b, h, 0, d, dtype=torch.float16, device=dev)
-    return PackedRead(codes=torch.zeros(1, b, h, 0, d // 8 or 1, dtype=torch.uint8, device=dev), scale=empty,
-                      zero=empty, lut=torch.arange(2, dtype=torch.float32, device=dev), bits=1, token_group=1,
-                      channel_group=1, offset=0.0)
 
 
 def read_mask(attention_mask, held: int, window: int | None):

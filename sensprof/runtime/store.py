@@ -57,6 +57,7 @@ class GrowingBuffer:
         self.start = 0  # first live item
         self.length = 0  # live items
         self.reallocations = 0  # fresh allocations (each copies the live items once)
+        self.moves = 0  # reallocations and compactions: views taken before one are stale
 
     def capacity(self) -> int:
         return 0 if self.data is None else self.data.shape[self.dim]
@@ -97,6 +98,7 @@ class GrowingBuffer:
         live = self.view()
         self.data.narrow(self.dim, 0, self.length).copy_(live)
         self.start = 0
+        self.moves += 1
 
     def _reallocate(self, capacity: int) -> None:
         shape = self.data.shape[:self.dim] + (capacity,) + self.data.shape[self.dim + 1:]
@@ -104,6 +106,7 @@ class GrowingBuffer:
         data.narrow(self.dim, 0, self.length).copy_(self.view())
         self.data, self.start = data, 0
         self.reallocations += 1
+        self.moves += 1
 
 
 class TensorStore:
@@ -131,6 +134,7 @@ class TensorStore:
         per = ROOM_KEPT // scheme.group if scheme.granularity == "channel" else ROOM_KEPT  # a channel group: G tokens
         self._scale, self._zero = GrowingBuffer(2, per), GrowingBuffer(2, per)
         self._constant: tuple | None = None  # (scale, zero) of a per-tensor or per-head scheme
+        self._token_group: int | None = None  # read_token_group, once a read was built
         # tokens quantized per append: a sliding window evicts them whole; otherwise one merged count
         self.chunk_tokens: deque[int] = deque()
         self.flushed = 0  # body tokens that left `pending`: quantized, or evicted by a sliding window first
@@ -314,6 +318,16 @@ class TensorStore:
                 yield at + a, block
             at += n
 
+    def dense_token(self, i: int) -> torch.Tensor:
+        """Held token i (0 = the oldest still held) in the model dtype, [B, H, 1, D]: what dense_range(i, i + 1)
+        holds, without walking the parts (a decode step's tail gains one token a step)."""
+        sinks, packed = self.sink.shape[-2], self._codes.length
+        if i < sinks:
+            return self.sink[..., i:i + 1, :]
+        if i >= sinks + packed:
+            return self.pending[..., i - sinks - packed:i - sinks - packed + 1, :]
+        return next(self.dense_blocks(i, i + 1))[1].to(self.dtype)
+
     def _parts(self):
         yield self.sink, self.sink.shape[-2]
         if self._codes.length:
@@ -378,6 +392,32 @@ class TensorStore:
         read = PackedRead(codes=codes, scale=scale, zero=zero, lut=lut, bits=s.bits, token_group=tg,
                           channel_group=cg, offset=offset, packing=packing, rope=rope)
         return self.sink.shape[-2], n, read
+
+    def packed_span(self) -> tuple[int, int] | None:
+        """(first absolute position, tokens) of what packed_read reads, without building the read."""
+        if self.scheme.is_identity:
+            held = self._pending.length
+            return (self.dropped, held) if held else None
+        n = self._codes.length
+        return (self.dropped + self.sink.shape[-2], n) if n else None
+
+    def packed_end(self) -> int:
+        """The absolute position after the last token packed_read reads (where none are, its first position)."""
+        span = self.packed_span()
+        return self.dropped + (0 if self.sink is None else self.sink.shape[-2]) if span is None else sum(span)
+
+    def read_token_group(self) -> int:
+        """Tokens per scale row of packed_read (constant for a scheme); packed tokens must be held."""
+        if self._token_group is None:
+            self._token_group = self.packed_read()[2].token_group
+        return self._token_group
+
+    def layout_moves(self) -> int:
+        """Counts every move of the held tensors (a buffer's reallocation or compaction): a read's views taken
+        before the count changed are stale; appends and evictions leave them valid."""
+        if self.scheme.is_identity:  # read as held: the pending buffer
+            return self._pending.moves
+        return sum(b.moves for b in (self._codes, self._scale, self._zero))
 
     def seq_length(self) -> int:
         return self.total - self.dropped
