@@ -56,11 +56,10 @@ def quantize_groups(xg: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor 
     b = scheme.bits
     if scheme.codec == "fp8":
         fmax = FP8_MAX[scheme.format]
-        if scheme.scale_source == "unit":
-            scale = torch.ones_like(xg[..., :1])
-        else:
-            amax = absmax if absmax is not None else xg.abs().amax(-1, keepdim=True)
-            scale = (amax / fmax).expand_as(xg[..., :1]).float().clamp_min(scheme.scale_floor)
+        if scheme.scale_source == "unit":  # no scale: the saturating cast alone (x / 1 is x, bit for bit)
+            return Quantized(xg.clamp(-fmax, fmax).to(FP8_DTYPES[scheme.format]), torch.ones_like(xg[..., :1]), None)
+        amax = absmax if absmax is not None else xg.abs().amax(-1, keepdim=True)
+        scale = (amax / fmax).expand_as(xg[..., :1]).float().clamp_min(scheme.scale_floor)
         # As vLLM writes them: a fixed k_scale/v_scale divides (x / k_scale), a dynamic per-token-head scale
         # multiplies by its inverse (x * (1 / scale)); ties land differently, so both are kept.
         if scheme.scale_source == "dynamic":

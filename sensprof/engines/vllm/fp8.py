@@ -53,6 +53,8 @@ def quantize_query_fp8(q: torch.Tensor, q_scale: float | torch.Tensor = 1.0) -> 
     q is [batch, heads, tokens, head_dim]; q_scale is a scalar, or one value per KV head ([kv_heads]) which is
     spread over that head's query group (``GroupShape(-1, head_size * heads // kv_heads)``).
     """
+    if not torch.is_tensor(q_scale) and q_scale == 1.0:  # the default scale: the cast alone (a decode step's query)
+        return saturating_cast(q.float(), "e4m3").float()
     s = torch.as_tensor(q_scale, dtype=torch.float32, device=q.device)
     if s.numel() > 1:
         s = s.reshape(-1).repeat_interleave(q.shape[1] // s.numel()).reshape(1, -1, 1, 1)
