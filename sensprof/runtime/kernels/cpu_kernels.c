@@ -944,7 +944,7 @@ static void worker(job_t *j) {
 /* The worker threads. Built with OpenMP, a job runs on the OpenMP threads of the calling thread: in a torch process
  * those are torch's own (one libgomp is loaded, torch's), which spin for a while after each of torch's parallel ops
  * and so take a decode step's items at once; threads of our own would compete with those spinning workers for the
- * same cores (the C decode of a 1K-context step took 1.2-1.9x as long that way: benchmarks/results/
+ * same cores (the C decode of a 1K-context step took 1.2-2.6x as long that way: benchmarks/results/
  * 2026-12-01-cpu-runtime-night.md). Without OpenMP, and in a forked child (libgomp's threads do not survive
  * fork()), the pthread pool below: one for the process, started on first need and grown to the largest count a call
  * asks for (Python passes torch.get_num_threads() with every call), so no call starts threads of its own. A job

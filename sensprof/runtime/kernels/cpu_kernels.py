@@ -5,9 +5,11 @@ cached under $SENSPROF_CACHE (default ~/.cache/sensprof) by a hash of the source
 then loaded with ctypes: no torch headers, well under a second to build. ctypes checks nothing against the
 C prototypes, so every function's argument and return types are declared in SIGNATURES (a test compares
 them with cpu_kernels.c), and a library whose sp_abi_version() is not ABI_VERSION is refused.
-`available()` says why the kernels cannot be used (no compiler, a failed or stale build), and `select`
-then falls back to the reference. decode_attention reads every PackedRead layout itself (the KIVI layouts through
-their fused loops, the others tile by tile), with the read mask and RoPE.
+Built with OpenMP where the compiler has it, a decode call runs on torch's own OpenMP threads (threading();
+SENSPROF_OPENMP=0 builds without, on the C code's own pool). `available()` says why the kernels cannot be used
+(no compiler, a failed or stale build), and `select` then falls back to the reference. decode_attention reads
+every PackedRead layout itself (the KIVI layouts through their fused loops, the others tile by tile), with the
+read mask and RoPE.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ NAME = "cpu"
 NEEDS_POWER_OF_TWO_HEAD_DIM = False
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 _FLAGS = ["-O3", "-std=gnu11", "-pthread", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-fopenmp-simd"]
-# tried in order: -march=native where the compiler knows it; OpenMP (torch's threads, see threading()) where it has it
+# tried in order: -march=native where the compiler knows it; OpenMP (torch's threads, see threading()) where it has it,
+# unless $SENSPROF_OPENMP is 0 (the C code's own thread pool then)
 _VARIANTS = (["-march=native", "-fopenmp"], ["-march=native"], [])
 _MAX_TOKEN_DIM = 1024  # sp_quantize_pack_tokens keeps one row of codes on the stack
 _MAX_PACKED_DIM = 1024  # sp_decode_packed: SP_MAXCHUNKS * 8
@@ -108,7 +111,8 @@ def _build(cc: str) -> Path:
     except OSError as e:
         raise BuildError(f"the kernel source is missing ({e}); reinstall sensprof") from e
     why = "no writable cache folder"
-    for extra in _VARIANTS:
+    no_openmp = os.environ.get("SENSPROF_OPENMP") == "0"
+    for extra in (v for v in _VARIANTS if not (no_openmp and "-fopenmp" in v)):
         flags = _FLAGS + extra
         key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), cc.encode(), _cpu_id().encode()]))
         for folder in (cache_dir(), Path(tempfile.gettempdir()) / f"sensprof-kernels-{os.getuid()}"):
