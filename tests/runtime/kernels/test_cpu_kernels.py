@@ -159,9 +159,10 @@ def _threads_named(name: str | None = None) -> set:
 
 
 @pytest.fixture(params=["default", "pthreads"])
-def threads_of(request, fresh_build, monkeypatch):
-    """The default build (OpenMP where the compiler has it) and one without OpenMP (the C code's own pool)."""
+def threads_of(request, monkeypatch):
+    """The suite's build (OpenMP where the compiler has it) and a fresh one without OpenMP (the C code's own pool)."""
     if request.param == "pthreads":
+        request.getfixturevalue("fresh_build")
         monkeypatch.setenv("SENSPROF_OPENMP", "0")
     assert cpu_kernels.available() is None
     return request.param
