@@ -16,10 +16,11 @@ from .kernels import PackedRead
 from .store import ROOM_KEPT, GrowingBuffer, TensorStore
 
 
-def overlap(k_store: TensorStore, v_store: TensorStore, lo: int) -> tuple[int, int]:
-    """The absolute positions [a, b) >= lo that K and V both hold packed, starting on whole groups of both reads and
-    ending on a whole key group (the fast kernels' whole-group layouts stay whole); a = b = lo when there are none."""
-    k_span, v_span = k_store.packed_span(), v_store.packed_span()
+def overlap(k_store: TensorStore, v_store: TensorStore, spans, lo: int) -> tuple[int, int]:
+    """The absolute positions [a, b) >= lo that K and V both hold packed (spans: their packed_span()), starting on
+    whole groups of both reads and ending on a whole key group (the fast kernels' whole-group layouts stay whole);
+    a = b = lo when there are none."""
+    k_span, v_span = spans
     if k_span is None or v_span is None:
         return lo, lo
     (k0, nk), (v0, nv) = k_span, v_span
@@ -81,14 +82,15 @@ class DecodeReads:
 
     def step(self, k_store: TensorStore, v_store: TensorStore, lo: int, t: int):
         """(a, b, K read, V read, K tail, V tail) for a step reading the held positions [lo, t)."""
-        a, b = overlap(k_store, v_store, lo)
         stores = (k_store, v_store)
-        key = (a, b) + tuple(x for s in stores for x in ((s.packed_span() or (None,))[0], s.layout_moves()))
+        spans = tuple(s.packed_span() for s in stores)
+        a, b = overlap(k_store, v_store, spans, lo)
+        key = (a, b) + tuple(x for s, span in zip(stores, spans) for x in ((span or (None,))[0], s.layout_moves()))
         if key != self._reads_key:
             self._reads, self._reads_key = packed_reads(k_store, v_store, a, b), key
-        return (a, b, *self._reads, *self._tail(stores, lo, a, b, t))
+        return (a, b, *self._reads, *self._tail(stores, spans, lo, a, b, t))
 
-    def _tail(self, stores, lo: int, a: int, b: int, t: int):
+    def _tail(self, stores, spans, lo: int, a: int, b: int, t: int):
         """The tails of [lo, a) and [b, t): the last step's plus the new token's row where no held token of them has
         changed state since (a token packed since is read dequantized now; one pending is read as appended)."""
         if a == lo and b == t:  # every held token is read packed (per-token layouts on both sides)
@@ -96,7 +98,8 @@ class DecodeReads:
                 self._empty = tuple(tail(s, lo, a, b, t) for s in stores)
             self._tail_key = None
             return self._empty
-        ends = tuple(s.packed_end() for s in stores)
+        # where each side's packed tokens end (where none are, where they would start: after the sinks)
+        ends = tuple(sum(span) if span else s.dropped + s.sink.shape[-2] for s, span in zip(stores, spans))
         key = (lo, a, b) + tuple(s.dropped for s in stores)
         grows = key == self._tail_key and t == self._tail_t + 1 and all(
             max(before, b) >= min(now, self._tail_t) for before, now in zip(self._tail_ends, ends))

@@ -360,15 +360,15 @@ class TensorStore:
     def packed_read(self):
         """(first held position, tokens, PackedRead) of the packed tokens held, read in place by the decode
         kernels, or None when none are packed; an unquantized side is read as it is held (dense_read)."""
-        if self.scheme.is_identity:
-            held = self._pending.length
-            return (0, held, dense_read(self.pending)) if held else None
-        n = self._codes.length
-        if not n:
+        span = self.packed_span()
+        if span is None:
             return None
+        first, n = span[0] - self.dropped, span[1]
+        if self.scheme.is_identity:
+            return first, n, dense_read(self.pending)
         body, s = self._body(), self.scheme
         if self.engine is not None:
-            return self.sink.shape[-2], n, self.engine.read(body)
+            return first, n, self.engine.read(body)
         b, h = self.sink.shape[:2]
         d = self.sink.shape[-1]
         lut, offset = _code_table(s, body.codes.device)
@@ -391,7 +391,7 @@ class TensorStore:
             rope = self.rope.halves(p0, p0 + n)
         read = PackedRead(codes=codes, scale=scale, zero=zero, lut=lut, bits=s.bits, token_group=tg,
                           channel_group=cg, offset=offset, packing=packing, rope=rope)
-        return self.sink.shape[-2], n, read
+        return first, n, read
 
     def packed_span(self) -> tuple[int, int] | None:
         """(first absolute position, tokens) of what packed_read reads, without building the read."""
@@ -400,11 +400,6 @@ class TensorStore:
             return (self.dropped, held) if held else None
         n = self._codes.length
         return (self.dropped + self.sink.shape[-2], n) if n else None
-
-    def packed_end(self) -> int:
-        """The absolute position after the last token packed_read reads (where none are, its first position)."""
-        span = self.packed_span()
-        return self.dropped + (0 if self.sink is None else self.sink.shape[-2]) if span is None else sum(span)
 
     def read_token_group(self) -> int:
         """Tokens per scale row of packed_read (constant for a scheme); packed tokens must be held."""
