@@ -363,11 +363,11 @@ def schemes(*, target=None, vllm_gpu=None) -> str:
     if target is not None:
         if target != "vllm":
             raise SensprofError(f"`sensprof schemes --target` lists vLLM's dtypes; got {target!r}, pass vllm")
-        from .engines.vllm.catalog import describe_dtypes
+        from .scheme_tables import describe_dtypes
 
         return describe_dtypes(vllm_gpu)
     if vllm_gpu is not None:
         raise SensprofError("--vllm-gpu needs --target vllm")
-    from .memory import describe_schemes
+    from .scheme_tables import describe_schemes
 
     return describe_schemes()

@@ -12,6 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from .engines.vllm.catalog import engine_schemes
 from .errors import SensprofError
 
 # "engine": an engine's own format (rotations, codebooks, packed scales) emulated by sensprof.engines.
@@ -151,11 +152,21 @@ def _base_schemes() -> list[QuantScheme]:
 REGISTRY: dict[str, QuantScheme] = {s.name: s for s in _base_schemes()}
 
 
-def _register_engine_schemes() -> None:
-    """Engine formats live beside their emulations (sensprof/engines/); their catalog imports no torch."""
-    from .engines.vllm.catalog import engine_schemes
+def _engine_scheme(fields: dict) -> QuantScheme:
+    """One engine format from its catalog's fields; `like` names the registered scheme it varies."""
+    fields = dict(fields)
+    like = fields.pop("like", None)
+    if like is None:
+        return QuantScheme(**fields)
+    base = REGISTRY[like]
+    return dataclasses.replace(base, **{**fields, "description": f"{base.description}; {fields['description']}"})
 
-    for s in engine_schemes():
+
+def _register_engine_schemes() -> None:
+    """Engine formats live beside their emulations (sensprof/engines/); the registry asks their catalog, which is
+    data below it (no torch, nothing imported from here)."""
+    for fields in engine_schemes():
+        s = _engine_scheme(fields)
         REGISTRY[s.name] = s
 
 

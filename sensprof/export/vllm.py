@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from ..constants import GIB
 from ..engines.vllm import facts
 from ..engines.vllm.catalog import GPU_NAMES, check_vllm_gpu, min_version_text
 from ..errors import SensprofError
+from ..models import is_gguf
 from ..artifacts import Plan
+from ..plan import vllm_layers
 
 # --kv-cache-dtype-skip-layers: added by vLLM PR #33695; its first release could not be established from the
 # source or release notes available here, so it is gated at 0.33 (engines/vllm/facts.py SKIP_FLAG_SINCE).
@@ -107,21 +107,6 @@ def vllm_comments(plan: Plan, gpu_mem_gib: float, layers: list[tuple]) -> list[s
     return lines
 
 
-def vllm_layers(plan: Plan) -> list[tuple]:
-    """(dtype, kv_heads, head_dim, sliding window) per layer, as vLLM allocates them (facts.plan_pool)."""
-    dtype = plan.engine.kv_cache_dtype
-    if dtype not in facts.DTYPES:
-        return []
-    skipped = set(plan.engine.skip_layers or [])
-    try:
-        layers = [("auto" if p.layer in skipped else dtype, p.kv_heads, p.head_dim,
-                   p.window if p.kind == "sliding" else None) for p in plan.layers]
-        facts.plan_pool(layers)
-    except (KeyError, ValueError):
-        return []
-    return layers
-
-
 def gguf_model_for_vllm(model: str, hub_id: str | None = None) -> tuple[str, list[str]]:
     """What `vllm serve` gets for a GGUF model: vLLM 0.33 has no GGUF loader (no "gguf" in
     model_executor/model_loader's LoadFormats), so name the repository the GGUF was converted from.
@@ -149,31 +134,10 @@ def gguf_model_for_vllm(model: str, hub_id: str | None = None) -> tuple[str, lis
                   "was made from; to serve the profiled GGUF weights themselves, add --write-checkpoint DIR"]
 
 
-def with_vllm_pool(plan: Plan, budget) -> Plan:
-    """The planner prices each layer's own bytes; vLLM's pool also aligns block sizes and pads pages when skipped
-    and quantized layers share it (hybrid sliding-window models). Record what vLLM would need and say if it is more."""
-    import sys
-
-    layers = vllm_layers(plan)
-    if not layers:
-        return plan
-    pool = facts.plan_pool(layers)
-    need = pool.blocks_per_request(budget.max_model_len) * budget.max_num_seqs * pool.bytes_per_block
-    plan = plan.replace(predicted=dataclasses.replace(plan.predicted, vllm_pool_bytes=need))
-    if need > budget.value * GIB:
-        print(f"sensprof: note: vLLM's pool needs {need / GIB:.4g} GiB for this plan ({budget.max_num_seqs} x "
-              f"{budget.max_model_len} tokens, its block alignment and page padding included), more than "
-              f"--gpu-mem-gib {budget.value:g}; give vLLM that much, or plan with a smaller --gpu-mem-gib",
-              file=sys.stderr)
-    return plan
-
-
 # ---------------------------------------------------------------- the format's entry points (export.FORMATS)
 
 
 def check(plan: Plan, opts, name: str) -> None:
-    from . import is_gguf
-
     vllm_argv(plan, "-", opts.vllm_version, opts.vllm_gpu)  # refuse a bad version, dtype or GPU before loading
     if opts.hub_id is not None and not is_gguf(name):
         raise SensprofError(f"--hub-id is for GGUF models; vLLM serves {name} as it is")
@@ -184,8 +148,6 @@ def needs_weights(opts) -> bool:
 
 
 def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[str], list[str], bool]:
-    from . import is_gguf
-
     lines = []
     if opts.write_checkpoint:
         from .checkpoint import has_scales, write_checkpoint

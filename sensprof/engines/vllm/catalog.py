@@ -5,6 +5,8 @@ Facts are read from vLLM 0.33.0's source (paths relative to the vllm package); t
 this file hold the arithmetic, and tests/engines/ pins both with fixtures made by vLLM's own code.
 A scheme name is the dtype's when K and V share one format, `<dtype>.K` / `<dtype>.V` when they differ, and
 `<scheme>_qfp8` for the key side of a GPU whose attention also casts the query to fp8.
+Imports nothing above the engines: the scheme registry (schemes.py) asks this catalog for vLLM's formats and
+memory.py for their slot sizes, so the imports go one way.
 """
 
 from __future__ import annotations
@@ -139,20 +141,16 @@ def bits_per_element(scheme, head_dim: int) -> float:
 
 
 def _engine(name, emulation, tensor="", bits=4, query="", description=""):
-    from ...schemes import QuantScheme
-
-    return QuantScheme(name=name, format="engine", bits=bits, codec="engine", granularity="token", group=None,
-                       scale_source="dynamic", scale_bits=0, emulation=emulation,
-                       tensor=tensor, query=query, description=description)
+    return dict(name=name, format="engine", bits=bits, codec="engine", granularity="token", group=None,
+                scale_source="dynamic", scale_bits=0, emulation=emulation,
+                tensor=tensor, query=query, description=description)
 
 
-def engine_schemes():
-    """The sensprof schemes of vLLM's own formats. Plain fp8 and int8/fp8_per_token_head are sensprof's own codecs
-    (schemes.py; the golden tests pin them to vLLM's write kernel), with a query cast where vLLM adds one."""
-    import dataclasses
-
-    from ...schemes import REGISTRY
-
+def engine_schemes() -> list[dict]:
+    """The sensprof schemes of vLLM's own formats, as QuantScheme fields (schemes.py registers them). Plain fp8 and
+    int8/fp8_per_token_head are sensprof's own codecs (schemes.py; the golden tests pin them to vLLM's write
+    kernel), with a query cast where vLLM adds one: an entry with `like` is that registered scheme with these
+    fields, its description followed by this one."""
     out = [
         _engine("int4_per_token_head", "vllm.int4_per_token_head",
                 description="vLLM int4_per_token_head: Hadamard-rotated, asymmetric 4-bit per token and head"),
@@ -164,9 +162,8 @@ def engine_schemes():
         out.append(_engine(f"{name}_qfp8", f"vllm.{name}", "K", query="vllm.query_fp8",
                            description=f"vLLM {name} keys on Blackwell, where the query is cast to fp8 too"))
     for fp8 in ("fp8_e4m3", "fp8_e4m3_cal"):
-        out.append(dataclasses.replace(REGISTRY[fp8], name=f"{fp8}_qfp8", tensor="K", query="vllm.query_fp8",
-                                       description=f"{REGISTRY[fp8].description}; query cast to fp8 e4m3 too "
-                                                   "(vLLM's FlashAttention 3 on Hopper)"))
+        out.append(dict(like=fp8, name=f"{fp8}_qfp8", tensor="K", query="vllm.query_fp8",
+                        description="query cast to fp8 e4m3 too (vLLM's FlashAttention 3 on Hopper)"))
     for preset, (kb, vb) in facts._TQ.items():
         key = "fp8 e4m3" if kb == 8 else f"{kb}-bit Lloyd-Max indices of the Hadamard-rotated unit key + fp16 norm"
         out.append(_engine(f"{preset}.K", f"vllm.{preset}", "K", kb, description=f"vLLM {preset} keys: {key}"))
@@ -198,45 +195,3 @@ def get_dtype(name: str) -> VllmDtype:
     if name == "fp8_e4m3":
         return get_dtype("fp8")
     raise SensprofError(f"unknown vLLM KV dtype {name!r}; `sensprof schemes --target vllm` lists them")
-
-
-def _bits_text(scheme: str, d: VllmDtype) -> str:
-    from ...memory import bits_per_element as bits
-    from ...schemes import get_scheme
-
-    out = []
-    for h in (64, 128):
-        out.append("-" if d.head_dim_problem(h, "blackwell") else f"{bits(get_scheme(scheme), h):.2f}")
-    return "/".join(out)
-
-
-def describe_dtypes(gpu: str | None = None, head_dim: int = 128) -> str:
-    """The table `sensprof schemes --target vllm` prints."""
-    gpus = [check_vllm_gpu(gpu)] if gpu else list(GPU_NAMES)
-    lines = ["vLLM 0.33 --kv-cache-dtype values (bits/element incl. scales, as vLLM allocates; head_dim 64 / 128)",
-             f"{'dtype':<22}{'K bits':>14}{'V bits':>14}  {'since':<6} {'runs on':<30} K / V schemes; notes"]
-    for d in DTYPES:
-        k, v = d.k_scheme, d.v_scheme
-        kb, vb = _bits_text(k, d), _bits_text(v, d)
-        runs = ",".join(g for g in gpus if g in d.gpus) or "-"
-        notes = [f"{k} / {v}"]
-        if d.needs_scales:
-            notes.append("calibrated k_scale/v_scale (--write-checkpoint)")
-        if d.boundary_skip:
-            notes.append(f"vLLM keeps the first and last {d.boundary_skip} layers")
-        variants = {g: s for g, s in d.k_scheme_on.items() if g in gpus}
-        if variants:
-            notes.append("keys on " + ", ".join(f"{g}: {s}" for g, s in variants.items()))
-        if d.head_dims != "any":
-            notes.append(d.head_dim_problem(96, "hopper") or d.head_dim_problem(64, "hopper") or "")
-        off = [g for g in gpus if g not in d.gpus]
-        why = dict(d.facts.excluded)
-        reasons: dict[str, list[str]] = {}
-        for g in off:
-            reasons.setdefault(why.get(g, "not served there"), []).append(g)
-        notes += [f"not on {','.join(gs)}: {r}" for r, gs in reasons.items()]
-        notes.append(f"checked: {d.checked}")
-        lines.append(f"{d.flag_value + (' (cal)' if d.needs_scales else ''):<22}{kb:>14}{vb:>14}  {d.since or 'any':<6} "
-                     f"{runs:<30} {'; '.join(notes)}")
-    lines.append("not offered: " + "; ".join(f"{k} ({v})" for k, v in OTHER_DTYPES.items()))
-    return "\n".join(lines)
