@@ -35,7 +35,7 @@ class VllmDtype:
     head_dims: str = "any"  # "any" | "pow2" | "256" | "nvfp4": what the kernels (and emulations) add to facts.py
     needs_scales: bool = False
     flag: str = ""  # the flag value when it differs from name (calibrated fp8 is still "fp8")
-    checked: str = ""  # how the emulation is pinned (README table)
+    checked: str = ""  # how the emulation is pinned (docs/planning.md's table)
 
     @property
     def flag_value(self) -> str:
