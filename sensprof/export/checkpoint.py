@@ -56,7 +56,9 @@ def scale_prefix(model, layer: int) -> str:
 
 
 def has_scales(plan: Plan) -> bool:
-    return plan.engine.kv_cache_dtype in SCALED_DTYPES
+    """Scales go into the checkpoint only for a plan priced with them: a unit-scale fp8 plan gets none, since a
+    kv_cache_scheme makes vLLM quantize with those scales (and even under --kv-cache-dtype auto)."""
+    return plan.engine.kv_cache_dtype in SCALED_DTYPES and bool(plan.engine.needs_scales)
 
 
 @contextlib.contextmanager
@@ -88,18 +90,20 @@ def check_checkpoint_dir(out_dir: str) -> None:
     check_writable(out_dir, "--write-checkpoint")
 
 
-def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str) -> str:
+def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str, dtype=None) -> str:
     """Write out_dir atomically (a temporary sibling renamed into place); returns out_dir. Casts `model` to
-    bf16 in place (export ends there; pass a copy to keep it)."""
+    `dtype` (default bf16, what a GPU serves) in place (export ends there; pass a copy to keep it); `validate
+    --engine` writes float32, the weights sensprof measured."""
     import torch
 
+    dtype = dtype or torch.bfloat16
     check_checkpoint_dir(out_dir)
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-checkpoint-")
     try:
-        if model.dtype != torch.bfloat16:
-            model = model.to(torch.bfloat16)
+        if model.dtype != dtype:
+            model = model.to(dtype)
         with _plain_model(model):
             model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:

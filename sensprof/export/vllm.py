@@ -10,9 +10,9 @@ from ..models import is_gguf
 from ..artifacts import Plan
 from ..plan import vllm_layers
 
-# --kv-cache-dtype-skip-layers: added by vLLM PR #33695; its first release could not be established from the
-# source or release notes available here, so it is gated at 0.33 (engines/vllm/facts.py SKIP_FLAG_SINCE).
-SKIP_FLAG_SINCE = (0, 33)
+# --kv-cache-dtype-skip-layers: first released in vLLM 0.19.0 (engines/vllm/facts.py SKIP_FLAG_SINCE, read from
+# the released wheels)
+SKIP_FLAG_SINCE = (0, 19)
 DEFAULT_VERSION = facts.VLLM_VERSION
 # config/cache.py CacheDType, in its order (the parser fixture checks it)
 VLLM_KV_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
@@ -73,14 +73,17 @@ def vllm_argv(plan: Plan, model_path: str, version: str = DEFAULT_VERSION, gpu: 
         raise SensprofError(f"--kv-cache-dtype {dtype} needs vLLM >= {'.'.join(map(str, since))}; pass a newer "
                             "--vllm-version or re-plan for your vLLM")
     check_gpu(plan, gpu)
+    if (gpu or plan.engine.vllm_gpu) == "cpu" and dtype.startswith("fp8") and v < facts.CPU_FP8_SINCE:
+        raise SensprofError(f"vLLM's CPU backend stores --kv-cache-dtype {dtype} from vLLM 0.21 on "
+                            f"({facts.CPU_FP8_EVIDENCE}); pass --vllm-version 0.21 or later")
     argv = ["vllm", "serve", model_path, "--kv-cache-dtype", dtype]
     skip = skip_tokens(plan) if dtype != "auto" else []
     if skip:
         if v < SKIP_FLAG_SINCE:
             raise SensprofError(
-                f"the plan keeps layers {' '.join(skip)} at the model dtype, but --kv-cache-dtype-skip-layers is "
-                f"emitted for vLLM >= 0.33 only (its first release is not established): pass --vllm-version 0.33 "
-                "or later, or re-plan with --num-skip 0")
+                f"the plan keeps layers {' '.join(skip)} at the model dtype, but --kv-cache-dtype-skip-layers "
+                "needs vLLM >= 0.19 (its first release): pass --vllm-version 0.19 or later, or re-plan with "
+                "--num-skip 0")
         argv += ["--kv-cache-dtype-skip-layers", *skip]
     return argv
 

@@ -19,7 +19,8 @@ from . import facts
 
 # The GPU generations of facts.GPUS, in the order --vllm-gpu lists them (the default first), with display names.
 GPU_NAMES = {"hopper": "Hopper (sm90: H100/H200)", "ampere": "Ampere (sm80/86: A100/A10)",
-             "blackwell": "Blackwell (sm100: B200/GB200)", "rocm": "ROCm (MI300/RDNA3)"}
+             "blackwell": "Blackwell (sm100: B200/GB200)", "rocm": "ROCm (MI300/RDNA3)",
+             "cpu": "vLLM's CPU backend (x86, AVX-512 or AMX for fp8)"}
 assert set(GPU_NAMES) == set(facts.GPUS)
 
 
@@ -32,6 +33,7 @@ class VllmDtype:
     k_scheme: str
     v_scheme: str
     k_scheme_on: dict = field(default_factory=dict)  # gpu -> the key scheme there (query cast, fp8 variant)
+    v_scheme_on: dict = field(default_factory=dict)  # gpu -> the value scheme there (the CPU's rounding)
     head_dims: str = "any"  # "any" | "pow2" | "256" | "nvfp4": what the kernels (and emulations) add to facts.py
     needs_scales: bool = False
     flag: str = ""  # the flag value when it differs from name (calibrated fp8 is still "fp8")
@@ -58,7 +60,7 @@ class VllmDtype:
         return min_version_text(self.facts.since)
 
     def schemes_on(self, gpu: str) -> tuple[str, str]:
-        return self.k_scheme_on.get(gpu, self.k_scheme), self.v_scheme
+        return self.k_scheme_on.get(gpu, self.k_scheme), self.v_scheme_on.get(gpu, self.v_scheme)
 
     def head_dim_problem(self, head_dim: int, gpu: str) -> str | None:
         pow2 = head_dim >= 8 and head_dim & (head_dim - 1) == 0
@@ -83,15 +85,21 @@ def min_version_text(since: str) -> str:
 
 
 _GOLD = "golden: vLLM's own {} on CPU"
+# vLLM's CPU backend (csrc/cpu/cpu_attn_fp8.hpp): fp8 codes x * (1 / scale) rounded toward zero, the query read as it is
+_CPU = "; on the CPU: golden (vLLM's own cpu_attn_reshape_and_cache, bit-exact) and checked against the running engine"
 _PTH = "golden: vLLM's Triton write kernel under TRITON_INTERPRET=1"
 _TQG = _GOLD.format("store/decode Triton kernels (interpreter)")
 _OCT = _GOLD.format("PyTorch reference") + "; the HIP kernels are not in the wheel"
 DTYPES: tuple[VllmDtype, ...] = (
-    VllmDtype("fp8", "fp8_e4m3", "fp8_e4m3", {"hopper": "fp8_e4m3_qfp8"},
-              checked="from source: saturating cast of x / scale; fp8 query cast on Hopper (FlashAttention 3)"),
-    VllmDtype("fp8_cal", "fp8_e4m3_cal", "fp8_e4m3_cal", {"hopper": "fp8_e4m3_cal_qfp8"}, flag="fp8",
-              needs_scales=True, checked="as fp8, with per-layer k_scale/v_scale from --write-checkpoint"),
-    VllmDtype("fp8_e5m2", "fp8_e5m2", "fp8_e5m2", checked="from source: saturating cast; no query cast"),
+    VllmDtype("fp8", "fp8_e4m3", "fp8_e4m3", {"hopper": "fp8_e4m3_qfp8", "cpu": "fp8_e4m3_rtz"},
+              {"cpu": "fp8_e4m3_rtz"},
+              checked="from source: saturating cast of x / scale; fp8 query cast on Hopper (FlashAttention 3)" + _CPU),
+    VllmDtype("fp8_cal", "fp8_e4m3_cal", "fp8_e4m3_cal", {"hopper": "fp8_e4m3_cal_qfp8", "cpu": "fp8_e4m3_cal_rtz"},
+              {"cpu": "fp8_e4m3_cal_rtz"}, flag="fp8",
+              needs_scales=True,
+              checked="as fp8, with per-layer k_scale/v_scale from --write-checkpoint" + _CPU),
+    VllmDtype("fp8_e5m2", "fp8_e5m2", "fp8_e5m2", {"cpu": "fp8_e5m2_rtz"}, {"cpu": "fp8_e5m2_rtz"},
+              checked="from source: saturating cast; no query cast" + _CPU),
     VllmDtype("fp8_per_token_head", "fp8_per_token_head", "fp8_per_token_head", checked=_PTH),
     VllmDtype("int8_per_token_head", "int8_per_token_head", "int8_per_token_head", checked=_PTH),
     VllmDtype("int4_per_token_head", "int4_per_token_head", "int4_per_token_head", head_dims="pow2",
@@ -164,6 +172,9 @@ def engine_schemes() -> list[dict]:
     for fp8 in ("fp8_e4m3", "fp8_e4m3_cal"):
         out.append(dict(like=fp8, name=f"{fp8}_qfp8", tensor="K", query="vllm.query_fp8",
                         description="query cast to fp8 e4m3 too (vLLM's FlashAttention 3 on Hopper)"))
+    for fp8 in ("fp8_e4m3", "fp8_e4m3_cal", "fp8_e5m2"):  # csrc/cpu/cpu_attn_fp8.hpp: x * (1 / scale), truncated
+        out.append(dict(like=fp8, name=f"{fp8}_rtz", rounding="toward_zero",
+                        description="rounded toward zero, as vLLM's CPU backend writes its cache"))
     for preset, (kb, vb) in facts._TQ.items():
         key = "fp8 e4m3" if kb == 8 else f"{kb}-bit Lloyd-Max indices of the Hadamard-rotated unit key + fp16 norm"
         out.append(_engine(f"{preset}.K", f"vllm.{preset}", "K", kb, description=f"vLLM {preset} keys: {key}"))
