@@ -90,10 +90,10 @@ def check_checkpoint_dir(out_dir: str) -> None:
     check_writable(out_dir, "--write-checkpoint")
 
 
-def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str, dtype=None) -> str:
+def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str, dtype=None, scales: bool | None = None) -> str:
     """Write out_dir atomically (a temporary sibling renamed into place); returns out_dir. Casts `model` to
     `dtype` (default bf16, what a GPU serves) in place (export ends there; pass a copy to keep it); `validate
-    --engine` writes float32, the weights sensprof measured."""
+    --engine` writes float32, the weights sensprof measured. `scales` (default: has_scales(plan)) adds the KV scales."""
     import torch
 
     dtype = dtype or torch.bfloat16
@@ -108,8 +108,8 @@ def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str, dtype=None) -> 
             model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        if has_scales(plan):
-            _add_scales(plan, model, tmp)
+        if has_scales(plan) if scales is None else scales:
+            add_scales(plan, model, tmp)
         if os.path.exists(out_dir):
             os.rmdir(out_dir)
         os.replace(tmp, out_dir)
@@ -119,7 +119,8 @@ def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str, dtype=None) -> 
     return out_dir
 
 
-def _add_scales(plan: Plan, model, tmp: str) -> None:
+def add_scales(plan: Plan, model, tmp: str) -> None:
+    """Per-layer k_scale / v_scale (skipped layers have none), the kv_cache_scheme in config.json and the recipe."""
     import torch
     from safetensors.torch import save_file
 
