@@ -25,7 +25,7 @@ LAYERS = [
     ["", "schemes", "memory", "scheme_tables", "budget", "rope", "data", "quant", "screen", "metrics"],
     ["artifacts", "targets", "planner", "table", "models", "hub"],
     ["hooks", "taps", "outputs", "suffix", "plan", "export"],
-    ["profile", "validate", "refine", "sweep", "summary", "runtime", "evaluate", "report"],
+    ["profile", "validate", "validate_engine", "refine", "sweep", "summary", "runtime", "evaluate", "report"],
     ["distributed"],  # sensprof profile --ray: runs sensprof.profile's cells on Ray workers
     ["api"],
     ["cli", "cli_args", "__main__"],
