@@ -218,6 +218,7 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
         from .validate_engine import check_engine_for_plan
 
         check_engine_for_plan(engine, result, find_engine_python(engine, engine_python))  # before loading
+        dtype = dtype or "float32"  # the engine serves the float32 weights sensprof measures
     loaded = load_for_plan(result, model, device, dtype, device_map, trust_remote_code)
     frames = []
     for n in validation_lengths(result, seq_len, loaded.model):

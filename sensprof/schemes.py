@@ -12,6 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from .engines.llamacpp.catalog import engine_schemes as llamacpp_schemes
 from .engines.vllm.catalog import engine_schemes
 from .errors import SensprofError
 
@@ -171,7 +172,7 @@ def _engine_scheme(fields: dict) -> QuantScheme:
 def _register_engine_schemes() -> None:
     """Engine formats live beside their emulations (sensprof/engines/); the registry asks their catalog, which is
     data below it (no torch, nothing imported from here)."""
-    for fields in engine_schemes():
+    for fields in (*engine_schemes(), *llamacpp_schemes()):
         s = _engine_scheme(fields)
         REGISTRY[s.name] = s
 

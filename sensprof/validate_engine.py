@@ -164,11 +164,10 @@ def _write_checkpoints(model, tokenizer, runs: list[EngineRun], workdir: str) ->
 def run_vllm(engine: EnginePython, loaded, runs: list[EngineRun], ids: torch.Tensor, workdir: str,
              log_path: str) -> dict[str, dict]:
     """Each run's final hidden states [W, T, H] and what vLLM resolved per layer."""
-    import copy
-
-    model = copy.deepcopy(loaded.model).float()  # the checkpoint is written from a float32 copy
-    dirs = _write_checkpoints(model, loaded.tokenizer, runs, workdir)
-    del model
+    if loaded.model.dtype != torch.float32:
+        raise SensprofError(f"--engine vllm compares float32 weights, and the model is loaded in {loaded.model.dtype}: "
+                            "pass --dtype float32")
+    dirs = _write_checkpoints(loaded.model, loaded.tokenizer, runs, workdir)
     configs = [{"model": dirs[i], "kv_cache_dtype": r.settings["kv_cache_dtype"],
                 "skip_layers": r.settings["skip_layers"], "out": os.path.join(workdir, f"run{i}.pt")}
                for i, r in enumerate(runs)]

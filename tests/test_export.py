@@ -377,8 +377,9 @@ def test_sglang_scales_never_zero():
 def llamacpp_plan(k, v):
     from sensprof.targets import LLAMACPP_TYPES
 
-    scheme = {d.flag_value: d.k_scheme for d in LLAMACPP_TYPES}
-    return make_plan("llamacpp", {"cache_type_k": k, "cache_type_v": v}, [(scheme[k], scheme[v])] * 3)
+    k_scheme = {d.flag_value: d.k_scheme for d in LLAMACPP_TYPES}
+    v_scheme = {d.flag_value: d.v_scheme for d in LLAMACPP_TYPES}
+    return make_plan("llamacpp", {"cache_type_k": k, "cache_type_v": v}, [(k_scheme[k], v_scheme[v])] * 3)
 
 
 @pytest.mark.parametrize("k,v,fa,note", [

