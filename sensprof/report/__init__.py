@@ -177,7 +177,27 @@ def _plan_sections(plan, path: str, stem: str, profile, damage) -> list[Section]
     dmg_sec = Section(f"Plan {stem}: predicted" + (" vs measured" if measured else "") + " damage", text,
                       f"plan-{stem}-damage.png", plots.png_bytes(fig), [Table("KL per configuration", _round(df))],
                       note=note)
-    return [strip_sec, dmg_sec]
+    return [strip_sec, dmg_sec, *_engine_sections(path, stem)]
+
+
+def _engine_sections(path: str, stem: str) -> list[Section]:
+    """One section per `sensprof validate --engine` CSV beside the plan (<plan>.engine-<engine>.csv)."""
+    out = []
+    for engine, csv in data.engine_checks(path):
+        df = data.read_engine_check(csv)
+        fig = plots.engine_check(df, f"Plan {stem} in {engine}: the running engine vs sensprof's emulation")
+        bad = df[~df.agrees]
+        note = None if bad.empty else ("Outside the agreement bounds (KL within 15%, mean dNLL within 2 SE): "
+                                       + ", ".join(f"{r.config} @ {r.seq_len}" for r in bad.itertuples()))
+        out.append(Section(
+            f"Plan {stem}: checked in {engine}",
+            (f"The plan as exported, run by {df.engine.iloc[0]} on the validation windows, and sensprof's emulation of "
+             f"it on the same tokens, each against its own unquantized baseline (from {os.path.basename(csv)}). The "
+             "table adds the paired per-token dNLL difference (engine - emulation) with its standard error and the "
+             "per-token correlation."),
+            f"plan-{stem}-engine-{engine}.png", plots.png_bytes(fig), [Table("engine vs emulation", _round(df))],
+            note=note))
+    return out
 
 
 def write_report(profile_dir: str, out_dir: str, plans=(), sweeps=(), metric: str = "kl",

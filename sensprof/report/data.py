@@ -209,6 +209,30 @@ def plan_strip(plan: Plan):
     return pd.DataFrame(rows)
 
 
+def engine_checks(plan_path: str) -> list[tuple[str, str]]:
+    """(engine, CSV) of each `sensprof validate --engine` result beside the plan."""
+    stem = os.path.splitext(plan_path)[0]
+    return [(e, f"{stem}.engine-{e}.csv") for e in ("vllm", "llamacpp") if os.path.isfile(f"{stem}.engine-{e}.csv")]
+
+
+ENGINE_COLUMNS = ("config", "engine", "seq_len", "tokens", "predicted_kl", "emulated_kl", "engine_kl", "kl_ratio",
+                  "emulated_dnll", "engine_dnll", "dnll_diff", "dnll_diff_se", "dnll_corr", "agrees")
+
+
+def read_engine_check(csv: str):
+    """The columns of an engine check the report shows; a damaged file is refused with the fix."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(csv)
+    except (OSError, ValueError) as e:
+        raise SensprofError(f"cannot read {csv}: {e}; re-run `sensprof validate PLAN --engine ...`") from None
+    missing = [c for c in ENGINE_COLUMNS if c not in df.columns]
+    if missing or df.empty:
+        raise SensprofError(f"{csv} is not a `sensprof validate --engine` table (missing {missing or 'rows'}); re-run it")
+    return df[list(ENGINE_COLUMNS)]
+
+
 def validation_path(plan_path: str) -> str:
     """Where `sensprof validate` writes its table by default: beside the plan."""
     return os.path.splitext(plan_path)[0] + ".validation.csv"

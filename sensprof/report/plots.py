@@ -361,3 +361,33 @@ def damage_by_length(df, model_id: str) -> Figure:
     axes[0].set_ylabel("KL summed over layers\n(one tensor of one layer quantized at a time; log)")
     fig.suptitle(f"Damage vs context length: {model_id}", fontsize=11)
     return fig
+
+
+def engine_check(df, title: str) -> Figure:
+    """`validate --engine`: the KL the running engine measured beside sensprof's emulation of the same configuration
+    on the same tokens, per configuration and length; a configuration outside the agreement bounds is marked."""
+    n = len(df)
+    fig = new_figure(10.0, max(3.0, 0.45 * n + 1.9))
+    ax = fig.subplots()
+    y = np.arange(n)
+    h = 0.4
+    emu, eng = df.emulated_kl.to_numpy(float), df.engine_kl.to_numpy(float)
+    ax.barh(y - h / 2, emu, height=h, color=OKABE_ITO["sky"], label="sensprof's emulation")
+    ax.barh(y + h / 2, eng, height=h, color=OKABE_ITO["vermillion"], hatch="//", edgecolor="white",
+            label="the running engine")
+    for i in range(n):
+        ax.text(eng[i], y[i] + h / 2, f" {eng[i]:.2e} (x{eng[i] / emu[i]:.2f})" if emu[i] > 0 else f" {eng[i]:.2e}",
+                va="center", fontsize=7)
+    ax.set_xscale("log")
+    positive = np.concatenate([emu[emu > 0], eng[eng > 0]])
+    if len(positive):
+        ax.set_xlim(float(positive.min()) / 3, float(positive.max()) * 8)
+    ax.set_yticks(y)
+    ax.set_yticklabels([f"{c} @ {n}" + ("" if ok else "  (disagrees)") for c, n, ok in
+                        zip(df.config, df.seq_len, df.agrees)], fontsize=8)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_xlabel("KL(engine's own baseline ‖ quantized), mean per token (log scale); label: configuration @ tokens")
+    ax.grid(True, axis="x", which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncols=2, borderaxespad=0, frameon=False)
+    fig.suptitle(title, fontsize=11)
+    return fig
