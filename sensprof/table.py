@@ -246,14 +246,14 @@ def check_rows(table, key: list[str], n_layers: int, where: str, fix: str) -> No
     layers = table.layer.astype(float)
     out = (layers < 0) | (layers >= n_layers) | (layers != layers.round())
     if out.any():
-        raise SensprofError(f"{where} has layer {table.layer[out.idxmax()]!r}, which the profiled model (layers "
+        raise SensprofError(f"{where} has layer {float(layers[out.idxmax()]):g}, which the profiled model (layers "
                             f"0-{n_layers - 1}) does not have; {fix}")
     dup = table.duplicated(key)
     if dup.any():
         r = table[dup].iloc[0]
         cell = " ".join(f"{'head ' if c == 'head' else ''}{r[c]}" for c in key)
-        raise SensprofError(f"{where} holds the cell layer {cell} {int(table.duplicated(key, keep=False).sum())} "
-                            f"times; {fix}")
+        times = int((table[key] == r[key]).all(axis=1).sum())
+        raise SensprofError(f"{where} holds the cell layer {cell} {times} times; {fix}")
 
 
 def _check_whole_line(path: str, where: str, fix: str) -> None:

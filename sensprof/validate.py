@@ -4,6 +4,7 @@ and measure it beside uniform configurations: did summing per-layer damage predi
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import torch
@@ -168,6 +169,10 @@ def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int 
         prefix = len(bos_prefix(tokenizer))
         exclude = overlapping_slots(exclude, settings["seq_len"] - prefix, seq - prefix)
     files = list(plan.profile.text_files or [])
+    gone = [f for f in files if not os.path.isfile(f)]
+    if gone:
+        raise SensprofError(f"the plan's profile text {gone[0]!r} is not there; restore the text the profile was "
+                            "made from, or re-profile and re-plan")
     text, name = load_text(files)
     want = settings.get("text_digest")
     if (want or files) and text_digest(text) != want:  # a plan names its text: read only that text, unchanged
@@ -184,13 +189,14 @@ def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int 
 
 def validate_plan(plan: Plan, loaded, windows=None, seq_len=None, progress=None):
     """Measured table of the plan beside the reference configurations."""
+    path = plan.profile.locate()
+    table = plan_profile(plan, path).table if path else None  # a profile that is not the plan's: refused first
     ids = validation_windows(plan, loaded.tokenizer, windows, seq_len)
     configs = {"plan": plan.layers, **reference_configs(plan)}
     measured = measure(loaded.model, ids, configs, progress)
-    path = plan.profile.locate()
     if path is None:
         print(f"sensprof: note: {plan.profile.missing_note()}", file=sys.stderr)
-    return validation_table(plan, measured, configs, plan_profile(plan, path).table if path else None)
+    return validation_table(plan, measured, configs, table)
 
 
 def plan_profile(plan: Plan, path: str):
