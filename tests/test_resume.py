@@ -566,3 +566,32 @@ def test_killed_run_then_another_model_into_its_folder_is_refused(capsys, tiny_m
     assert main(args) == 0
     prof = load_profile(out, require_complete=True)
     assert len(prof.meta["layers"]) == 3 and prof.meta["layers_done"] == [0, 1, 2]
+
+
+def test_sigterm_ends_a_profile_as_ctrl_c_does(tiny_model_dir, tmp_path):
+    """SIGTERM runs the cleanups (the lock, temporary files) and the same command resumes."""
+    out = str(tmp_path / "p")
+    args = ["profile", "--model", tiny_model_dir, *FAST, "--out", out]
+    proc = subprocess.Popen([sys.executable, "-c", STOP_AFTER_PART, *args], cwd=tmp_path,
+                            env={**_cli_env(), "STOP_AFTER_LAYER": "0"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.strip() == "PART WRITTEN":
+                break
+        assert os.path.exists(os.path.join(out, ".sensprof.lock"))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert "Traceback" not in err and "interrupted; run the same command again to resume" in err
+    assert ".sensprof.lock" not in os.listdir(out) and not [n for n in os.listdir(out) if n.startswith(".tmp-")]
+    r = subprocess.run([sys.executable, "-m", "sensprof", *args], cwd=tmp_path, env=_cli_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert load_profile(out, require_complete=True).meta["layers_done"] == [0, 1, 2]
