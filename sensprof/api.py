@@ -49,8 +49,10 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
                                      for x in (schemes, k_schemes, v_schemes))
     for flag, value in (("--schemes", schemes), ("--k-schemes", k_schemes), ("--v-schemes", v_schemes)):
         if value is not None and not str(value).replace(",", "").strip():
-            raise SensprofError(f"{flag} is empty; pass one or more scheme names (see `sensprof schemes`), or leave "
-                                f"{flag} out for the default menu")
+            from .schemes import scheme_names
+
+            raise SensprofError(f"no schemes given: {flag} is empty; pass one or more of: {', '.join(scheme_names())}; "
+                                f"or leave {flag} out for the default menu")
     if isinstance(layers, str) and not layers.replace(",", "").strip():
         raise SensprofError("--layers is empty; pass layers such as 0-11 or 0,5,7-9, or leave --layers out for all")
     profile_menu(schemes, target, vllm_gpu, None, k_schemes, v_schemes)  # a bad menu fails before loading
