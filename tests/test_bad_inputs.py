@@ -752,11 +752,12 @@ def test_sweep_windows_zero(capsys, good_profile, tmp_path):
     assert not (tmp_path / "s").exists()
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
-def test_plan_robust_not_a_finite_multiple(capsys, good_profile, tmp_path, value):
+@pytest.mark.parametrize("value,why", [("nan", "is not a finite number"), ("inf", "is not a finite number"),
+                                       ("-1", "is negative")])
+def test_plan_robust_not_a_finite_multiple(capsys, good_profile, tmp_path, value, why):
     """--robust nan blamed the profile (a NaN cost); the argument is what is wrong."""
     msg = cli_error(capsys, "plan", good_profile, "--avg-bits", "8", "--robust", value, "--out", tmp_path / "p.json")
-    assert f"--robust {value}" in msg and "not a finite number >= 0" in msg and "profile" not in msg
+    assert f"--robust {value} {why}" in msg and "profile" not in msg
     assert not (tmp_path / "p.json").exists()
 
 
