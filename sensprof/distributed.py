@@ -72,25 +72,34 @@ def connect(address) -> bool:
     return True
 
 
-# Run by a small process of its own: it waits for EOF on stdin (the driver's end of a pipe closes when the
-# driver exits, kill -9 included), then SIGKILLs the processes given as PID:START-TIME and all their descendants
-# (Ray's dashboard and runtime-env agents, its workers), skipping any PID since reused by another process.
+# Run by a small process of its own: it keeps a list of the processes given as PID:START-TIME and all their
+# descendants (Ray's dashboard and runtime-env agents, its workers: they outlive their parent raylet), refreshed
+# every second until EOF on stdin (the driver's end of a pipe closes when the driver exits, kill -9 included);
+# then it SIGKILLs every one of them still running, skipping any PID since reused by another process.
 _REAPER = """
-import sys
+import os, select, sys
 import psutil
-sys.stdin.buffer.read()
-procs = []
+roots, known = [], {}
 for arg in sys.argv[1:]:
     pid, _, start = arg.partition(":")
     try:
         p = psutil.Process(int(pid))
         if abs(p.create_time() - float(start)) < 1e-3:
-            procs += [p, *p.children(recursive=True)]
+            roots.append(p)
     except psutil.Error:
         pass
-for p in procs:
+while True:
+    for root in roots:
+        try:
+            for p in [root, *root.children(recursive=True)]:
+                known.setdefault(p.pid, p)
+        except psutil.Error:
+            pass
+    if select.select([0], [], [], 1.0)[0] and not os.read(0, 4096):
+        break
+for p in known.values():
     try:
-        p.kill()
+        p.kill()  # psutil checks the PID still names the process it saw
     except psutil.Error:
         pass
 """

@@ -234,15 +234,19 @@ def test_processes_sharing_the_drivers_fate_die_with_a_kill_9():
         driver.stdout.close()
 
 
-# `sensprof profile --ray` that stops once its cluster's workers are up and says the pids of every process below it.
+# `sensprof profile --ray` that stops once its cluster's workers are up and says the pids of the Ray processes (the
+# ones `ray.init` started and everything below them: the raylet's agents and the worker).
 RAY_DRIVER = """
 import os, sys, time
 import psutil
+import ray
 import sensprof.distributed as d
 
 def profile(self, *a, **k):
-    pids = [p.pid for p in psutil.Process(os.getpid()).children(recursive=True)]
-    print("PIDS", *pids, flush=True)
+    node = ray._private.worker._global_node
+    procs = [psutil.Process(i.process.pid) for infos in node.all_processes.values() for i in infos]
+    pids = {p.pid for q in procs for p in [q, *q.children(recursive=True)]}
+    print("PIDS", *sorted(pids), flush=True)
     time.sleep(600)
 
 d.RayProfiler.profile = profile
@@ -253,7 +257,8 @@ sys.exit(main(sys.argv[1:]))
 
 def test_kill_9_of_profile_ray_leaves_no_ray_running(tiny_model_dir, tmp_path):
     """The local cluster `profile --ray` started (dashboard and runtime-env agents, ~216 MB) stayed alive,
-    parented to PID 1, after the driver was killed."""
+    parented to PID 1, after the driver was killed. The Ray processes are stopped (SIGSTOP) before the kill, so
+    none can end on its own: each must be killed because the driver died."""
     import signal
 
     pytest.importorskip("ray")
@@ -261,13 +266,16 @@ def test_kill_9_of_profile_ray_leaves_no_ray_running(tiny_model_dir, tmp_path):
                                "int4_c32", "--seq-len", "32", "--ray", "--ray-workers", "1", "--quiet", "--out",
                                str(tmp_path / "p")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    pids = []
     try:
         line = ""
         for line in driver.stdout:
             if line.startswith("PIDS"):
                 break
         pids = [int(x) for x in line.split()[1:]]
-        assert len(pids) >= 3, line  # gcs, raylet, the worker, ...
+        assert len(pids) >= 5, line  # gcs, raylet, its agents, the worker, ...
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=60)
         assert _gone(pids, within_s=120) == []
@@ -276,3 +284,8 @@ def test_kill_9_of_profile_ray_leaves_no_ray_running(tiny_model_dir, tmp_path):
             driver.kill()
             driver.wait()
         driver.stdout.close()
+        for pid in pids:  # whatever is left of a failed run: never leak a stopped cluster
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

@@ -550,24 +550,6 @@ def test_kill_9_leaves_no_stale_lock(capsys, tiny_model_dir, tmp_path):
     assert ".sensprof.lock" not in os.listdir(out)
 
 
-def test_killed_run_then_another_model_into_its_folder_is_refused(capsys, tiny_model_dir, other_model_dir, tmp_path):
-    """After a kill -9 mid-profile, a run of another model into that --out is refused in one line (it was 'repaired'
-    into a profile with layers the model does not have), and the first command still resumes to the same profile."""
-    from sensprof.cli import main
-
-    out = str(tmp_path / "p")
-    args = ["profile", "--model", tiny_model_dir, *FAST, "--out", out]
-    _kill_after_part(args, 0, tmp_path)
-    before = {n: _bytes(out, os.path.join("parts", n)) for n in _parts(out)}
-    assert main(["profile", "--model", other_model_dir, *FAST, "--out", out]) == 2
-    line = _the_error(capsys.readouterr().err)
-    assert "holds a profile of a different model or settings" in line and "model_fingerprint" in line
-    assert {n: _bytes(out, os.path.join("parts", n)) for n in _parts(out)} == before
-    assert main(args) == 0
-    prof = load_profile(out, require_complete=True)
-    assert len(prof.meta["layers"]) == 3 and prof.meta["layers_done"] == [0, 1, 2]
-
-
 def test_sigterm_ends_a_profile_as_ctrl_c_does(tiny_model_dir, tmp_path):
     """SIGTERM runs the cleanups (the lock, temporary files) and the same command resumes."""
     out = str(tmp_path / "p")
