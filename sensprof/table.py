@@ -195,8 +195,6 @@ def write_tables(out_dir: str, parts: dict[int, dict]) -> None:
 def sync_with_parts(out_dir: str, meta: dict) -> dict:
     """Bring profile.csv, heads.csv and meta.json's layers_done / complete up to what parts/ holds (a kill
     after a part is written and before they are leaves them behind); rewrites only what differs. Returns meta."""
-    import pandas as pd
-
     parts = load_parts(out_dir, meta)
     for name, text in _table_texts(parts).items():
         path = os.path.join(out_dir, name)
