@@ -118,13 +118,16 @@ def output_lock(folder: str, flag: str = "--out", lock_path: str | None = None):
 
     lock = lock_path or os.path.join(folder, LOCK)
     parent = os.path.dirname(os.path.abspath(lock))
-    created = None if os.path.isdir(parent) else parent
-    if created is not None:
-        try:
-            os.makedirs(parent)
-        except OSError as e:
-            raise SensprofError(f"cannot write to {flag} {folder!r} ({e.strerror or e}); pass a path in a writable "
-                                "directory") from None
+    created = []  # the folders made for the lock, innermost first
+    d = parent
+    while not os.path.isdir(d):
+        created.append(d)
+        d = os.path.dirname(d)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise SensprofError(f"cannot write to {flag} {folder!r} ({e.strerror or e}); pass a path in a writable "
+                            "directory") from None
     while True:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
@@ -153,9 +156,11 @@ def output_lock(folder: str, flag: str = "--out", lock_path: str | None = None):
         with contextlib.suppress(OSError):
             os.unlink(lock)  # before the lock is released, so a waiter finds it gone and locks a new one
         os.close(fd)
-        if created is not None:
-            with contextlib.suppress(OSError):
-                os.rmdir(created)  # only if empty: the run wrote nothing
+        for d in created:
+            try:
+                os.rmdir(d)  # only if empty: the run wrote nothing there
+            except OSError:
+                break
 
 
 def check_no_symlinks(folder: str, names, flag: str = "--out") -> None:

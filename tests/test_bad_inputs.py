@@ -327,6 +327,13 @@ def test_model_dir_with_config_but_no_weights(capsys, tiny_model_dir, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_profile_that_fails_leaves_no_folders_behind(capsys, tiny_model_dir, tmp_path):
+    """The --out lock is taken before the model loads: the folders it made go again when the run fails."""
+    d = _model_dir_without_weights(tmp_path, tiny_model_dir, "no-weights")
+    cli_error(capsys, "profile", "--model", d, *FAST, "--out", tmp_path / "new" / "deeper" / "out")
+    assert not (tmp_path / "new").exists()
+
+
 class _Trap:
     """Unpickling this creates a file: the proof that a pickle was executed."""
 
