@@ -204,33 +204,56 @@ class Validation:
 
 
 def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="auto", dtype=None, device_map=None,
-             trust_remote_code=False, out=None, log=print) -> Validation:
+             trust_remote_code=False, out=None, engine=None, engine_python=None, log=print) -> Validation:
     """Apply the whole plan on windows the profile did not use, at the profile's length and 4x it (or
     `seq_len`, a length or a list), beside uniform configurations; the table is written to `out` (default
-    <plan>.validation.csv)."""
+    <plan>.validation.csv). With `engine` ("vllm" or "llamacpp"), run the plan as exported in that engine instead
+    and compare it with sensprof's emulation on the same tokens (default out: <plan>.engine-<engine>.csv)."""
     import pandas as pd
 
     from .artifacts import load_plan
     from .files import atomic_write_text, check_writable
     from .models import load_for_plan
-    from .validate import advantage_note, format_table, validate_plan, validation_lengths
+    from .validate import advantage_note, format_table, validate_plan, validation_lengths, validation_windows
 
     if windows is not None and windows < 1:
         raise SensprofError(f"--windows {windows} is too few; use at least 1, or leave --windows out for as many as "
                             "profiled")
     result = load_plan(plan_path)
-    out = out or os.path.splitext(plan_path)[0] + ".validation.csv"
+    suffix = f".engine-{engine}.csv" if engine else ".validation.csv"
+    out = out or os.path.splitext(plan_path)[0] + suffix
     check_writable(out, "--out", "file")
+    if engine is not None:
+        from .engines.run.python import find_engine_python
+        from .validate_engine import check_engine_for_plan
+
+        check_engine_for_plan(engine, result, find_engine_python(engine, engine_python))  # before loading
+        dtype = dtype or "float32"  # the engine serves the float32 weights sensprof measures
     loaded = load_for_plan(result, model, device, dtype, device_map, trust_remote_code)
     frames = []
     for n in validation_lengths(result, seq_len, loaded.model):
-        df = validate_plan(result, loaded, windows, n).assign(seq_len=n)
-        log(f"measured on {windows if windows is not None else result.profile.settings['windows']} unseen windows of {n} tokens:")
-        log(format_table(df))
+        if engine is not None:
+            from .validate_engine import format_engine_table, validate_with_engine
+
+            ids = validation_windows(result, loaded.tokenizer, windows, n)
+            df = pd.DataFrame(validate_with_engine(result, loaded, engine, ids, engine_python,
+                                                   os.path.splitext(out)[0] + ".log")).assign(seq_len=n)
+            log(f"{engine} ({df.engine.iloc[0]}) vs sensprof's emulation, {ids.shape[0]} unseen windows of {n} "
+                "tokens:")
+            log(format_engine_table(df))
+        else:
+            df = validate_plan(result, loaded, windows, n).assign(seq_len=n)
+            log(f"measured on {windows if windows is not None else result.profile.settings['windows']} unseen windows of {n} tokens:")
+            log(format_table(df))
         frames.append(df)
     df = pd.concat(frames, ignore_index=True)
     atomic_write_text(out, df.to_csv(index=False))
-    return Validation(df, advantage_note(df), out)
+    note = None if engine else advantage_note(df)
+    if engine is not None and not df.agrees.all():
+        note = (f"note: {engine} and sensprof's emulation disagree beyond the bounds (KL within "
+                f"{int(100 * 0.15)}%, mean dNLL within 2 SE) for: "
+                + ", ".join(f"{r.config} at {r.seq_len}" for r in df[~df.agrees].itertuples()))
+    return Validation(df, note, out)
 
 
 def export(plan_path: str, *, format: str, model=None, gpu_mem_gib=80.0, vllm_version=None, vllm_gpu=None,
@@ -376,11 +399,11 @@ def schemes(*, target=None, vllm_gpu=None) -> str:
     if target is not None:
         if target != "vllm":
             raise SensprofError(f"`sensprof schemes --target` lists vLLM's dtypes; got {target!r}, pass vllm")
-        from .engines.vllm.catalog import describe_dtypes
+        from .scheme_tables import describe_dtypes
 
         return describe_dtypes(vllm_gpu)
     if vllm_gpu is not None:
         raise SensprofError("--vllm-gpu needs --target vllm")
-    from .memory import describe_schemes
+    from .scheme_tables import describe_schemes
 
     return describe_schemes()

@@ -85,7 +85,8 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    result = api.validate(args.plan, **_model(args), windows=args.windows, seq_len=args.seq_len, out=args.out)
+    result = api.validate(args.plan, **_model(args), windows=args.windows, seq_len=args.seq_len, out=args.out,
+                          engine=args.engine, engine_python=args.engine_python)
     if result.note:
         print(result.note)
     print(f"wrote {result.path}")

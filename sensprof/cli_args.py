@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--seq-len", default=None,
                     help="tokens per window, or a list such as 256,1024 (default: as profiled and 4x that, within the "
                          "model's positions); a plan whose advantage over uniform vanishes at a longer length is flagged")
+    va.add_argument("--engine", default=None,
+                    help="vllm or llamacpp: run the plan as exported in the real engine (vLLM's offline LLM, llama.cpp) on the same "
+                         "windows and compare its measured KL/dNLL with sensprof's emulation (tools/engines/install.sh "
+                         "installs both; CSV default <plan>.engine-<engine>.csv)")
+    va.add_argument("--engine-python", default=None,
+                    help="the Python of the environment the engine is installed in (default: $SENSPROF_VLLM_PYTHON / "
+                         "$SENSPROF_LLAMACPP_PYTHON, the `vllm` command on PATH, ~/.cache/sensprof/engines/, this one)")
     va.add_argument("--out", default=None, help="CSV path (default: beside the plan, <plan>.validation.csv)")
 
     ex = sub.add_parser("export", help="print a ready serving command line for a plan (and write scales)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from .engines.vllm.catalog import bits_per_element as engine_bits
 from .schemes import QuantScheme
 
 MODEL_BITS = 16
@@ -28,8 +29,6 @@ def bits_per_element(scheme: QuantScheme, head_dim: int) -> float:
     if scheme.is_identity:
         return float(MODEL_BITS)
     if scheme.is_engine:  # an engine's own slot layout, as the engine allocates it
-        from .engines.vllm.catalog import bits_per_element as engine_bits
-
         return engine_bits(scheme, head_dim)
     g = effective_group(scheme, head_dim)
     per_scale = scheme.scale_bits + scheme.zero_bits
@@ -84,19 +83,3 @@ def bits_held_per_element(scheme: QuantScheme, n_tokens: int, kv_heads: int, hea
 
 def layer_cache_bytes(scheme: QuantScheme, n_tokens: int, kv_heads: int, head_dim: int) -> int:
     return math.ceil(layer_cache_bits(scheme, n_tokens, kv_heads, head_dim) / 8)
-
-
-def describe_schemes() -> str:
-    """`sensprof schemes`: every registered scheme with its cost, and the default menus with theirs."""
-    from .schemes import REGISTRY, parse_menu
-
-    lines = [f"{'scheme':<26}{'bits/elt (head_dim 64)':>24}{'bits/elt (128)':>16}  description"]
-    for s in REGISTRY.values():
-        lines.append(f"{s.name:<26}{bits_per_element(s, 64):>24.3f}{bits_per_element(s, 128):>16.3f}  {s.description}")
-    lines.append("\nmodifiers: _pre (keys before RoPE), _r<R> (R most recent tokens in full precision), "
-                 "_s<S> (S first tokens in full precision), e.g. int4_c32_pre_r128; engine formats take none")
-    menu = parse_menu()
-    for label, schemes in (("key", menu.k), ("value", menu.v)):
-        listed = ", ".join(f"{s.name} ({bits_per_element(s, 64):.3g})" for s in schemes)
-        lines.append(f"\ndefault {label} menu (--{label[0]}-schemes), bits/elt at head_dim 64: {listed}")
-    return "\n".join(lines)

@@ -85,6 +85,11 @@ def resolve_model(name: str) -> dict:
     return {"path": name, "gguf_file": None, "kind": "hub"}
 
 
+def is_gguf(name: str) -> bool:
+    """A --model that names GGUF weights: a built-in alias or a .gguf file (what resolve_model reads as one)."""
+    return name in BUILTIN_MODELS or name.endswith(".gguf")
+
+
 @contextlib.contextmanager
 def _quiet_hub():
     """The hub client logs each failed request; sensprof reports one line of its own instead."""

@@ -103,10 +103,14 @@ def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a * b).sum(-1)  # on a CPU several times faster than a batched [1, C] @ [C, 1] product
 
 
-def _summary(kl: torch.Tensor, dnll: torch.Tensor) -> dict:
+def _summary(kl: torch.Tensor, dnll: torch.Tensor, per_token: bool = False) -> dict:
+    """Means over windows; with per_token, also each predicted position's KL and ΔNLL ([W, T - 1], float64)."""
     per_window = kl.mean(-1)
-    return {"kl": max(float(kl.mean()), 0.0), "kl_std": float(per_window.std()) if kl.shape[0] > 1 else 0.0,
-            "dnll": float(dnll.mean()), "kl_per_window": [float(x) for x in per_window]}
+    out = {"kl": max(float(kl.mean()), 0.0), "kl_std": float(per_window.std()) if kl.shape[0] > 1 else 0.0,
+           "dnll": float(dnll.mean()), "kl_per_window": [float(x) for x in per_window]}
+    if per_token:
+        out |= {"kl_tokens": kl[:, : dnll.shape[1]].double().cpu(), "dnll_tokens": dnll.double().cpu()}
+    return out
 
 
 class Baseline:
@@ -178,7 +182,12 @@ class Baseline:
         w, t = self.shape
         return self.h.view(w, t, -1)[:, :n]
 
-    def compare(self, hidden_q: torch.Tensor) -> dict:
+    def token_nll(self) -> torch.Tensor:
+        """The baseline's NLL of each next token, [W, T - 1] float64."""
+        w, t = self.shape
+        return (self.lse - self.target_logit.double()).view(w, t)[:, :-1].cpu()
+
+    def compare(self, hidden_q: torch.Tensor, per_token: bool = False) -> dict:
         """KL, its spread across windows and ΔNLL of the quantized model's hidden states [W, T, H]."""
         n = self.h.shape[0]
         hq = hidden_q.reshape(n, -1)
@@ -191,7 +200,7 @@ class Baseline:
             idx = slice(r0, r1) if rows is None else rows[r0:r1]  # a slice takes views, not copies
             kl[idx], dnll[idx] = (self._sampled if self.sample else self._exact)(idx, hq[idx])
         w, t = self.shape
-        return _summary(kl.view(w, t), dnll.view(w, t)[:, :-1])
+        return _summary(kl.view(w, t), dnll.view(w, t)[:, :-1], per_token)
 
     def _exact(self, idx, hq):
         hb, lse, tgt = self.h[idx], self.lse[idx].float(), self.targets[idx]
@@ -259,8 +268,11 @@ class MaterializedBaseline:
         self.input_ids = input_ids
         self.seconds = {"lm_head": 0.0, "kl": 0.0}
 
-    def compare(self, logits: torch.Tensor) -> dict:
+    def token_nll(self) -> torch.Tensor:
+        return token_nll(log_probs(self.logits), self.input_ids).double().cpu()
+
+    def compare(self, logits: torch.Tensor, per_token: bool = False) -> dict:
         t0 = time.perf_counter()
         kl, dnll = kl_and_dnll(self.p, self.logits, logits, self.input_ids)
         self.seconds["kl"] += time.perf_counter() - t0
-        return _summary(kl, dnll)
+        return _summary(kl, dnll, per_token)

@@ -1,11 +1,14 @@
 """From a solved program to a plan (sensprof.artifacts.Plan): each layer's schemes, damage, calibration, and the
-storage the plan is predicted to cost."""
+storage the plan is predicted to cost (for vLLM, its pool too: the exporter reads the same vllm_layers)."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 from .artifacts import LayerPlan, Plan, Predicted, SolverRecord, engine_settings, now, predicted_summary, profile_ref
+from .constants import GIB
+from .engines.vllm import facts
 from .memory import bits_held_per_element, tokens_held
 from .schemes import get_scheme
 
@@ -71,7 +74,37 @@ def make_plan(profile_dir: str, target: str, budget, objective: str = "kl", num_
     if robust:
         result = result.replace(solver=dataclasses.replace(result.solver, robust=robust))
     if target == "vllm" and budget.kind == "serving":
-        from .export.vllm import with_vllm_pool
-
         result = with_vllm_pool(result, budget)
     return result
+
+
+def vllm_layers(plan: Plan) -> list[tuple]:
+    """(dtype, kv_heads, head_dim, sliding window) per layer, as vLLM allocates them (facts.plan_pool)."""
+    dtype = plan.engine.kv_cache_dtype
+    if dtype not in facts.DTYPES:
+        return []
+    skipped = set(plan.engine.skip_layers or [])
+    try:
+        layers = [("auto" if p.layer in skipped else dtype, p.kv_heads, p.head_dim,
+                   p.window if p.kind == "sliding" else None) for p in plan.layers]
+        facts.plan_pool(layers)
+    except (KeyError, ValueError):
+        return []
+    return layers
+
+
+def with_vllm_pool(plan: Plan, budget) -> Plan:
+    """The planner prices each layer's own bytes; vLLM's pool also aligns block sizes and pads pages when skipped
+    and quantized layers share it (hybrid sliding-window models). Record what vLLM would need and say if it is more."""
+    layers = vllm_layers(plan)
+    if not layers:
+        return plan
+    pool = facts.plan_pool(layers)
+    need = pool.blocks_per_request(budget.max_model_len) * budget.max_num_seqs * pool.bytes_per_block
+    plan = plan.replace(predicted=dataclasses.replace(plan.predicted, vllm_pool_bytes=need))
+    if need > budget.value * GIB:
+        print(f"sensprof: note: vLLM's pool needs {need / GIB:.4g} GiB for this plan ({budget.max_num_seqs} x "
+              f"{budget.max_model_len} tokens, its block alignment and page padding included), more than "
+              f"--gpu-mem-gib {budget.value:g}; give vLLM that much, or plan with a smaller --gpu-mem-gib",
+              file=sys.stderr)
+    return plan

@@ -41,6 +41,28 @@ def _safe_inverse(scale: torch.Tensor) -> torch.Tensor:
     return torch.where(scale > 0, 1.0 / torch.where(scale > 0, scale, 1.0), torch.zeros_like(scale))
 
 
+def fp8_toward_zero(y: torch.Tensor, fmt: str) -> torch.Tensor:
+    """vLLM's CPU cache write (csrc/cpu/cpu_attn_fp8.hpp, float_to_fp8e4m3_scalar / float_to_fp8e5m2_scalar): clamp
+    to +-max, then keep the leading bits of the float32 value, so every code is rounded toward zero (the GPU
+    writers' cast rounds to nearest even). e4m3 rescales by 2^-120 so float32's exponent field becomes e4m3's
+    (a float32 subnormal then carries e4m3's subnormal codes) and never writes the NaN code 0x7F; e5m2 shifts
+    subnormals out by hand. Returns the fp8 tensor those bytes are."""
+    fmax = FP8_MAX[fmt]
+    v = y.float().clamp(-fmax, fmax)
+    if fmt == "fp8_e4m3":
+        bits = (v * 2.0**-120).view(torch.int32).long()
+        payload = ((bits >> 20) & 0x7F).clamp_max(0x7E)
+    else:
+        bits = v.view(torch.int32).long()
+        exp = ((bits >> 23) & 0xFF) - 127
+        shift = (-14 - exp).clamp_min(0)
+        sub = torch.where(shift + 21 >= 32, 0, ((0x800000 | (bits & 0x7FFFFF)) >> (shift + 21).clamp_max(31)).clamp_max(3))
+        payload = torch.where(exp < -14, sub, ((exp + 15).clamp_min(0) << 2) | ((bits >> 21) & 0x3))
+    sign = (bits >> 24) & 0x80
+    code = torch.where(v == 0, 0, sign | payload)
+    return code.to(torch.uint8).view(FP8_DTYPES[fmt])
+
+
 def minmax_codes(xg: torch.Tensor, bits: int, dim: int = -1):
     """Asymmetric min-max codes of float32 groups along `dim`, with the exact fp32 scale and minimum (kept
     dims): one definition for the profiler and the runtime's reference kernels, so both store the same codes."""
@@ -56,6 +78,12 @@ def quantize_groups(xg: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor 
     b = scheme.bits
     if scheme.codec == "fp8":
         fmax = FP8_MAX[scheme.format]
+        if scheme.rounding == "toward_zero":  # vLLM's CPU writer: x * (1 / scale), truncated
+            scale = torch.ones_like(xg[..., :1]) if scheme.scale_source == "unit" else (
+                (absmax if absmax is not None else xg.abs().amax(-1, keepdim=True)) / fmax).expand_as(
+                xg[..., :1]).float().clamp_min(scheme.scale_floor)
+            y = xg if scheme.scale_source == "unit" else xg * _safe_inverse(scale)
+            return Quantized(fp8_toward_zero(y, scheme.format), scale, None)
         if scheme.scale_source == "unit":  # no scale: the saturating cast alone (x / 1 is x, bit for bit)
             return Quantized(xg.clamp(-fmax, fmax).to(FP8_DTYPES[scheme.format]), torch.ones_like(xg[..., :1]), None)
         amax = absmax if absmax is not None else xg.abs().amax(-1, keepdim=True)

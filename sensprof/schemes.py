@@ -12,6 +12,8 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from .engines.llamacpp.catalog import engine_schemes as llamacpp_schemes
+from .engines.vllm.catalog import engine_schemes
 from .errors import SensprofError
 
 # "engine": an engine's own format (rotations, codebooks, packed scales) emulated by sensprof.engines.
@@ -28,6 +30,9 @@ GRANULARITIES = ("tensor", "head", "token", "channel")
 #   engine      the registered emulation named by `emulation` (sensprof/engines/)
 CODECS = ("none", "fp8", "absmax", "signed_max", "minmax", "engine")
 SCALE_SOURCES = ("none", "dynamic", "unit", "calibrated")
+# fp8 only: "nearest" is the saturating cast (round to nearest even) of the GPU writers; "toward_zero" is vLLM's
+# CPU backend, which multiplies by the scale's inverse and truncates the mantissa (csrc/cpu/cpu_attn_fp8.hpp)
+ROUNDINGS = ("nearest", "toward_zero")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +56,7 @@ class QuantScheme:
     tensor: str = ""  # "K" or "V" for a format that only one of them uses; "" for both
     scale_floor: float = 0.0  # dynamic scales below this are raised to it (vLLM per-token-head: 1e-6)
     query: str = ""  # keys only: the engine's transform of the query (e.g. its fp8 cast), an emulation key
+    rounding: str = "nearest"  # fp8 codes: ROUNDINGS
 
     def __post_init__(self):
         def bad(what):
@@ -66,6 +72,8 @@ class QuantScheme:
             bad(f"scale source {self.scale_source!r} is not one of {SCALE_SOURCES}")
         if (self.format == "engine") != (self.codec == "engine") or (self.codec == "engine") != bool(self.emulation):
             bad("engine formats use the engine codec and name their emulation")
+        if self.rounding not in ROUNDINGS or (self.rounding != "nearest" and self.codec != "fp8"):
+            bad(f"rounding {self.rounding!r} is not one of {ROUNDINGS} (toward_zero is for fp8 codes)")
         if self.tensor not in ("", "K", "V"):
             bad(f"tensor {self.tensor!r} is not K, V or empty")
         if self.query and self.tensor != "K":
@@ -151,11 +159,21 @@ def _base_schemes() -> list[QuantScheme]:
 REGISTRY: dict[str, QuantScheme] = {s.name: s for s in _base_schemes()}
 
 
-def _register_engine_schemes() -> None:
-    """Engine formats live beside their emulations (sensprof/engines/); their catalog imports no torch."""
-    from .engines.vllm.catalog import engine_schemes
+def _engine_scheme(fields: dict) -> QuantScheme:
+    """One engine format from its catalog's fields; `like` names the registered scheme it varies."""
+    fields = dict(fields)
+    like = fields.pop("like", None)
+    if like is None:
+        return QuantScheme(**fields)
+    base = REGISTRY[like]
+    return dataclasses.replace(base, **{**fields, "description": f"{base.description}; {fields['description']}"})
 
-    for s in engine_schemes():
+
+def _register_engine_schemes() -> None:
+    """Engine formats live beside their emulations (sensprof/engines/); the registry asks their catalog, which is
+    data below it (no torch, nothing imported from here)."""
+    for fields in (*engine_schemes(), *llamacpp_schemes()):
+        s = _engine_scheme(fields)
         REGISTRY[s.name] = s
 
 

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from .engines.llamacpp.catalog import CACHE_TYPES, key_scheme
 from .engines.vllm.catalog import GPU_NAMES, check_vllm_gpu  # noqa: F401  (no torch; imports nothing from here)
 from .errors import SensprofError
 
@@ -72,19 +73,14 @@ SGLANG_DTYPES = (
     same("fp8_e4m3", "fp8_e4m3_cal", needs_scales=True),
     same("fp8_e5m2"),
 )
-LLAMACPP_TYPES = (
-    same("f16", "none"),
-    same("q8_0"),
-    same("q5_1"),
-    same("q5_0"),
-    same("q4_1"),
-    same("q4_0"),
-)
+# -ctk / -ctv: a quantized K type comes with its query quantized (engines/llamacpp/query.py), so keys are priced by
+# its `_qq8` scheme; values by the type's own codec
+LLAMACPP_TYPES = (same("f16", "none"), *(EngineDtype(t, key_scheme(t), t) for t in CACHE_TYPES))
 
 # llama.cpp's CUDA flash-attention kernels (ggml/src/ggml-cuda/fattn.cu): without -DGGML_CUDA_FA_ALL_QUANTS=ON a
 # build has them for same-type f16/q4_0/q8_0/bf16 and K q8_0 / V q4_0 only; a quantized K with an f16 V needs no
 # flash attention (src/llama-context.cpp), so it runs on any build.
-LLAMACPP_K_TYPES = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+LLAMACPP_K_TYPES = CACHE_TYPES
 CUDA_DEFAULT_FA_PAIRS = frozenset({("f16", "f16"), ("q4_0", "q4_0"), ("q8_0", "q8_0"), ("q8_0", "q4_0"),
                                    ("bf16", "bf16")})
 LLAMACPP_BUILDS = {

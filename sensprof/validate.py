@@ -94,8 +94,10 @@ def predicted_damage(profile_table, layers: list[LayerPlan], objective_col: str 
 
 
 @torch.inference_mode()
-def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]], progress=None) -> dict[str, dict]:
-    """Measured KL / ΔNLL / ΔPPL of each configuration with all its layers quantized at once."""
+def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]], progress=None,
+            per_token: bool = False) -> dict[str, dict]:
+    """Measured KL / ΔNLL / ΔPPL of each configuration with all its layers quantized at once (with per_token, each
+    position's KL and ΔNLL too, and the baseline's NLL under "baseline")."""
     from .models import describe_layers
 
     n = len(describe_layers(model))
@@ -118,12 +120,14 @@ def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]],
                 out = forward(input_ids)
             finally:
                 session.clear_taps()
-            m = baseline.compare(out)
+            m = baseline.compare(out, per_token)
             m["dppl"] = math.exp(baseline.mean_nll + m["dnll"]) - math.exp(baseline.mean_nll)
             m["base_ppl"] = math.exp(baseline.mean_nll)
             results[name] = m
             if progress:
                 progress(name)
+        if per_token:
+            results["baseline"] = {"nll_tokens": baseline.token_nll()}
     return results
 
 

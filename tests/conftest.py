@@ -113,3 +113,30 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
 def tiny_ids():
     g = torch.Generator().manual_seed(0)
     return torch.randint(3, VOCAB, (2, 64), generator=g)
+
+
+def _engine_python(name: str) -> str:
+    """The Python that runs a real engine (tools/engines/install.sh installs both). Missing, the test is skipped,
+    unless SENSPROF_REQUIRE_ENGINES=1 (CI's .ci/run installs them and sets it): then it fails, so that a broken
+    engine install can never pass as a skip."""
+    import os
+
+    from sensprof.engines.run.python import find_engine_python
+    from sensprof.errors import SensprofError
+
+    try:
+        return find_engine_python(name).python
+    except SensprofError as e:
+        if os.environ.get("SENSPROF_REQUIRE_ENGINES") == "1":
+            pytest.fail(f"SENSPROF_REQUIRE_ENGINES=1 but {e}")
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def vllm_python():
+    return _engine_python("vllm")
+
+
+@pytest.fixture(scope="session")
+def llamacpp_python():
+    return _engine_python("llamacpp")

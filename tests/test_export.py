@@ -135,25 +135,26 @@ def test_model_path_is_quoted():
     assert shlex.split(line)[2] == "/path with spaces/it's here"
 
 
-@pytest.mark.parametrize("version", ["0.32", "0.18.9", "0.9.2", "v0.17.0"])
-def test_skip_layers_are_gated_at_vllm_033(version):
-    """--kv-cache-dtype-skip-layers came with vLLM PR #33695; no release before 0.33 is established, so it is
-    emitted for 0.33 and later only (engines/vllm/facts.py SKIP_FLAG_SINCE)."""
-    with pytest.raises(SensprofError, match=r"--kv-cache-dtype-skip-layers is emitted for vLLM >= 0.33 only") as e:
+@pytest.mark.parametrize("version", ["0.18.1", "0.18", "0.9.2", "v0.17.0"])
+def test_skip_layers_are_gated_at_vllm_019(version):
+    """--kv-cache-dtype-skip-layers (vLLM PR #33695) first shipped in vLLM 0.19.0: the released wheels' cache.py and
+    arg_utils.py have it from 0.19.0, not in 0.18.1 (engines/vllm/facts.py SKIP_FLAG_SINCE)."""
+    with pytest.raises(SensprofError, match=r"--kv-cache-dtype-skip-layers needs vLLM >= 0.19") as e:
         vllm_argv(vllm_plan(skip=(2,)), MODEL, version)
-    assert "--vllm-version 0.33" in str(e.value) and "--num-skip 0" in str(e.value)
+    assert "--vllm-version 0.19" in str(e.value) and "--num-skip 0" in str(e.value)
     # without skipped layers the same version is fine for a long-standing dtype
     assert parse_vllm(command_line(vllm_argv(vllm_plan(), MODEL, version))).kv_cache_dtype == "fp8_e4m3"
 
 
-@pytest.mark.parametrize("version", ["0.33", "0.33.0", "v0.33.1", "1.2"])
-def test_skip_layers_from_vllm_033(version):
+@pytest.mark.parametrize("version", ["0.19", "0.32", "0.33.0", "v0.33.1", "1.2"])
+def test_skip_layers_from_vllm_019(version):
     args = parse_vllm(command_line(vllm_argv(vllm_plan(skip=(0, 1)), MODEL, version)))
     assert args.kv_cache_dtype_skip_layers == ["sliding_window"]
 
 
-@pytest.mark.parametrize("dtype, since", [("int4_per_token_head", "0.33"), ("int8_per_token_head", "0.33"),
-                                          ("turboquant_k3v4_nc", "0.20"), ("nvfp4", "0.33")])
+@pytest.mark.parametrize("dtype, since", [("int4_per_token_head", "0.25"), ("int8_per_token_head", "0.20"),
+                                          ("turboquant_k3v4_nc", "0.20"), ("nvfp4", "0.20"), ("nvfp4_4over6", "0.28"),
+                                          ("ultraquant_4bit", "0.32"), ("octave_k3v4", "0.33")])
 def test_each_dtype_is_gated_at_the_release_it_came_with(dtype, since):
     plan = vllm_plan("int4_per_token_head", "int4_per_token_head")
     plan = plan.replace(engine=dataclasses.replace(plan.engine, kv_cache_dtype=dtype))
@@ -203,7 +204,7 @@ def test_calculate_kv_scales_never_appears(tmp_path, capsys, version, needs_scal
 def test_cli_vllm_export_and_version_gate(tmp_path, capsys):
     path = save(vllm_plan(skip=(0, 1)), tmp_path)
     line = one_error_line(*run_cli(capsys, "export", path, "--format", "vllm", "--vllm-version", "0.18"))
-    assert "0.33" in line and "--kv-cache-dtype-skip-layers" in line
+    assert "0.19" in line and "--kv-cache-dtype-skip-layers" in line
     rc, out, err = run_cli(capsys, "export", path, "--format", "vllm", "--vllm-version", "0.33")
     assert rc == 0, err
     args = parse_vllm(out)
@@ -376,8 +377,9 @@ def test_sglang_scales_never_zero():
 def llamacpp_plan(k, v):
     from sensprof.targets import LLAMACPP_TYPES
 
-    scheme = {d.flag_value: d.k_scheme for d in LLAMACPP_TYPES}
-    return make_plan("llamacpp", {"cache_type_k": k, "cache_type_v": v}, [(scheme[k], scheme[v])] * 3)
+    k_scheme = {d.flag_value: d.k_scheme for d in LLAMACPP_TYPES}
+    v_scheme = {d.flag_value: d.v_scheme for d in LLAMACPP_TYPES}
+    return make_plan("llamacpp", {"cache_type_k": k, "cache_type_v": v}, [(k_scheme[k], v_scheme[v])] * 3)
 
 
 @pytest.mark.parametrize("k,v,fa,note", [
@@ -587,7 +589,7 @@ def test_a_killed_exports_temp_folder_is_removed_by_the_next_export(fp8_plan, ca
     def killed(*a, **k):  # a kill -9 after the weights are saved: no cleanup runs
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ckpt_mod, "_add_scales", killed)
+    monkeypatch.setattr(ckpt_mod, "add_scales", killed)
     monkeypatch.setattr(ckpt_mod.shutil, "rmtree", lambda *a, **k: None)
     assert run_cli(capsys, "export", fp8_plan.path, "--format", "vllm", "--write-checkpoint", ckpt)[0] == 130
     monkeypatch.undo()
@@ -607,13 +609,13 @@ def test_a_second_export_into_a_checkpoint_being_written_is_refused(fp8_plan, ca
     import sensprof.export.checkpoint as ckpt_mod
 
     ckpt, seen = fp8_plan.root / "busy-ckpt", []
-    real = ckpt_mod._add_scales
+    real = ckpt_mod.add_scales
 
     def second_export(*a, **k):
         seen.append(main(["export", fp8_plan.path, "--format", "vllm", "--write-checkpoint", str(ckpt)]))
         return real(*a, **k)
 
-    monkeypatch.setattr(ckpt_mod, "_add_scales", second_export)
+    monkeypatch.setattr(ckpt_mod, "add_scales", second_export)
     rc, out, err = run_cli(capsys, "export", fp8_plan.path, "--format", "vllm", "--write-checkpoint", ckpt)
     assert rc == 0 and seen == [2]
     errors = [ln for ln in err.splitlines() if ln.startswith("sensprof: error:")]
@@ -630,7 +632,7 @@ def test_full_disk_while_writing_a_checkpoint(fp8_plan, capsys, monkeypatch):
     def full(*a, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(ckpt_mod, "_add_scales", full)
+    monkeypatch.setattr(ckpt_mod, "add_scales", full)
     ckpt = fp8_plan.root / "full-ckpt"
     rc, out, err = run_cli(capsys, "export", fp8_plan.path, "--format", "vllm", "--write-checkpoint", ckpt)
     errors = [ln for ln in err.splitlines() if ln.startswith("sensprof: error:")]  # after transformers' save bar

@@ -32,7 +32,9 @@ TQ = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant
 OCTAVE = ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact")
 ENGINE_NAMES = (
     {"int4_per_token_head", "nvfp4", "nvfp4_4over6", "nvfp4_qfp8", "nvfp4_4over6_qfp8", "fp8_e4m3_qfp8",
-     "fp8_e4m3_cal_qfp8", "turboquant_k8v4_e4b15.K", "ultraquant_4bit.K", "ultraquant_4bit.V"}
+     "fp8_e4m3_cal_qfp8", "turboquant_k8v4_e4b15.K", "ultraquant_4bit.K", "ultraquant_4bit.V",
+     "fp8_e4m3_rtz", "fp8_e4m3_cal_rtz", "fp8_e5m2_rtz"}
+    | {f"{t}_qq8" for t in ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")}  # llama.cpp keys: engines/llamacpp/catalog.py
     | {f"{p}.{t}" for p in TQ + OCTAVE for t in "KV"}
 )
 EXPECTED_NAMES |= ENGINE_NAMES
@@ -48,7 +50,7 @@ def _core(s: QuantScheme) -> tuple:
 
 def test_registry_has_exactly_the_expected_names():
     assert set(REGISTRY) == EXPECTED_NAMES
-    assert len(REGISTRY) == len(EXPECTED_NAMES) == 1 + 6 + 3 + 5 + 36 + 10 + 14
+    assert len(REGISTRY) == len(EXPECTED_NAMES) == 1 + 6 + 3 + 5 + 36 + 13 + 14 + 5
 
 
 def test_registry_keys_match_scheme_names():
@@ -80,6 +82,15 @@ def test_fp8_tensor_and_head_schemes(fmt):
     assert _core(REGISTRY[fmt]) == (fmt, 8, "fp8", "tensor", None, "unit", 0, 0)
     assert _core(REGISTRY[f"{fmt}_cal"]) == (fmt, 8, "fp8", "tensor", None, "calibrated", 0, 0)
     assert _core(REGISTRY[f"{fmt}_head"]) == (fmt, 8, "fp8", "head", None, "calibrated", 0, 0)
+
+
+def test_cpu_fp8_schemes_round_toward_zero():
+    """vLLM's CPU backend: the same storage as the GPU's fp8, codes rounded toward zero (catalog.py registers them)."""
+    for name, like in (("fp8_e4m3_rtz", "fp8_e4m3"), ("fp8_e4m3_cal_rtz", "fp8_e4m3_cal"), ("fp8_e5m2_rtz", "fp8_e5m2")):
+        assert _core(REGISTRY[name]) == _core(REGISTRY[like])
+        assert (REGISTRY[name].rounding, REGISTRY[like].rounding) == ("toward_zero", "nearest")
+    with pytest.raises(SensprofError, match="toward_zero is for fp8 codes"):
+        QuantScheme(name="x", format="int", bits=4, codec="minmax", rounding="toward_zero")
 
 
 @pytest.mark.parametrize("name, core", [

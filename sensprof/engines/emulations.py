@@ -6,9 +6,10 @@ import importlib
 
 from ..errors import SensprofError
 
-# Each family module holds EMULATIONS: {"vllm.<format>[.K|.V]": fn(x [B, H, T, D]) -> float32 tensor}.
-FAMILIES = ("per_token_head", "fp8", "turboquant", "ultraquant", "nvfp4", "octave")
-# ... and optionally QUERY_TRANSFORMS: {"vllm.<name>": fn(q [B, Hq, T, D]) -> the query attention uses}.
+# Each family module holds EMULATIONS: {"vllm.<format>[.K|.V]": fn(x [B, H, T, D]) -> float32 tensor}
+# and/or QUERY_TRANSFORMS: {"<engine>.<name>": fn(q [B, Hq, T, D]) -> the query attention uses}.
+FAMILIES = tuple(f"vllm.{f}" for f in ("per_token_head", "fp8", "turboquant", "ultraquant", "nvfp4", "octave")) + (
+    "llamacpp.query",)
 _CACHE: dict = {}
 
 
@@ -16,7 +17,7 @@ def _load_all() -> dict:
     if not _CACHE:
         _CACHE.update(EMULATIONS={}, QUERY_TRANSFORMS={})
         for family in FAMILIES:
-            mod = importlib.import_module(f"sensprof.engines.vllm.{family}")
+            mod = importlib.import_module(f"sensprof.engines.{family}")
             for table in ("EMULATIONS", "QUERY_TRANSFORMS"):
                 _CACHE[table].update(getattr(mod, table, {}))
     return _CACHE

@@ -20,7 +20,7 @@ from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
 from ..errors import SensprofError
-from .lm_eval_run import quiet_lm_eval
+from .lm_eval_quiet import quiet_lm_eval
 from .run import feed, use_sdpa
 
 log = logging.getLogger(__name__)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import logging
 import os
 import time
 from collections.abc import Callable
 
 from ..errors import SensprofError
+from .lm_eval_quiet import quiet_lm_eval
 
 COLUMNS = ["config", "kind", "avg_bits", "cache_bytes_per_token", "task", "metric", "filter", "value", "stderr",
            "samples", "seconds"]
@@ -71,18 +71,6 @@ def task_manager(tasks: list[str], include=None):
             raise SensprofError(f"unknown lm-eval task {name!r}; {hint}`lm-eval ls tasks` lists the {len(known)} "
                                 "known ones; --lm-eval-include DIR adds your own YAML tasks")
     return tm
-
-
-@contextlib.contextmanager
-def quiet_lm_eval(name: str = "lm_eval", level: int = logging.ERROR):
-    """lm-eval logs a warning per model built from a loaded model, and notes per task; keep only errors."""
-    logger = logging.getLogger(name)
-    was = logger.level
-    logger.setLevel(level)
-    try:
-        yield
-    finally:
-        logger.setLevel(was)
 
 
 def _rows(results: dict) -> list[dict]:

@@ -12,10 +12,9 @@ import os
 import shlex
 from dataclasses import dataclass
 
-from ..artifacts import Plan
+from ..artifacts import Plan, predicted_summary
 from ..constants import GIB
 from ..errors import SensprofError
-from ..plan import predicted_summary
 from . import llamacpp, sglang, vllm
 
 FORMATS = {"vllm": vllm, "sglang": sglang, "llamacpp": llamacpp}
@@ -65,12 +64,6 @@ def check_format(plan: Plan, fmt: str) -> None:
         raise SensprofError(
             f"this plan targets {plan.target!r}, which {fmt} cannot express; re-plan with "
             f"`sensprof plan PROFILE_DIR --target {fmt} ...`")
-
-
-def is_gguf(name: str) -> bool:
-    from ..models import BUILTIN_MODELS
-
-    return name in BUILTIN_MODELS or name.endswith(".gguf")
 
 
 def served_path(name: str) -> str:

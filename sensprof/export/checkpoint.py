@@ -56,7 +56,9 @@ def scale_prefix(model, layer: int) -> str:
 
 
 def has_scales(plan: Plan) -> bool:
-    return plan.engine.kv_cache_dtype in SCALED_DTYPES
+    """Scales go into the checkpoint only for a plan priced with them: a unit-scale fp8 plan gets none, since a
+    kv_cache_scheme makes vLLM quantize with those scales (and even under --kv-cache-dtype auto)."""
+    return plan.engine.kv_cache_dtype in SCALED_DTYPES and bool(plan.engine.needs_scales)
 
 
 @contextlib.contextmanager
@@ -105,13 +107,15 @@ def remove_killed_exports(parent: str, name: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str) -> str:
+def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str, dtype=None, scales: bool | None = None) -> str:
     """Write out_dir atomically (a temporary sibling renamed into place); returns out_dir. Casts `model` to
-    bf16 in place (export ends there; pass a copy to keep it)."""
+    `dtype` (default bf16, what a GPU serves) in place (export ends there; pass a copy to keep it); `validate
+    --engine` writes float32, the weights sensprof measured. `scales` (default: has_scales(plan)) adds the KV scales."""
     import torch
 
     from ..files import output_lock, write_error
 
+    dtype = dtype or torch.bfloat16
     check_checkpoint_dir(out_dir)
     parent = os.path.dirname(os.path.abspath(out_dir))
     name = os.path.basename(os.path.abspath(out_dir))
@@ -121,14 +125,14 @@ def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str) -> str:
         remove_killed_exports(parent, name)
         tmp = tempfile.mkdtemp(dir=parent, prefix=f"{TMP_PREFIX}{name}.")
         try:
-            if model.dtype != torch.bfloat16:
-                model = model.to(torch.bfloat16)
+            if model.dtype != dtype:
+                model = model.to(dtype)
             with _plain_model(model):
                 model.save_pretrained(tmp, safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
-            if has_scales(plan):
-                _add_scales(plan, model, tmp)
+            if has_scales(plan) if scales is None else scales:
+                add_scales(plan, model, tmp)
             if os.path.exists(out_dir):
                 os.rmdir(out_dir)
             os.replace(tmp, out_dir)
@@ -140,7 +144,8 @@ def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str) -> str:
     return out_dir
 
 
-def _add_scales(plan: Plan, model, tmp: str) -> None:
+def add_scales(plan: Plan, model, tmp: str) -> None:
+    """Per-layer k_scale / v_scale (skipped layers have none), the kv_cache_scheme in config.json and the recipe."""
     import torch
     from safetensors.torch import save_file
 

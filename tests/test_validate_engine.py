@@ -1,0 +1,136 @@
+"""validate --engine without an engine: which runs a plan becomes, the agreement figures, and every refusal as one
+line (engines missing, a plan for another platform or target, a model llama.cpp cannot load, an engine crash)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from conftest import make_tiny_model, one_error_line, run_cli
+from sensprof.artifacts import LlamacppSettings, Plan, VllmSettings
+from sensprof.engines.run.process import last_error, run_job
+from sensprof.engines.run.python import find_engine_python
+from sensprof.errors import SensprofError
+from sensprof.models import fingerprint
+from sensprof.validate_engine import (TokenDamage, agreement, gguf_path, llamacpp_run, vllm_run)
+from test_evaluate import _plan
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_tiny_model("llama")
+
+
+def vllm_plan(model, gpu="cpu", dtype="fp8", scheme="fp8_e4m3_rtz", skip=(), needs_scales=False) -> Plan:
+    plan = _plan(model, [("none", "none") if i in skip else (scheme, scheme) for i in range(2)])
+    return plan.replace(target="vllm", engine=VllmSettings(needs_scales=needs_scales, kv_cache_dtype=dtype,
+                                                           k_scheme=scheme, v_scheme=scheme, skip_layers=tuple(skip),
+                                                           vllm_gpu=gpu))
+
+
+def test_vllm_run_is_the_exported_configuration(model):
+    run = vllm_run(vllm_plan(model, skip=(1,), needs_scales=True, scheme="fp8_e4m3_cal_rtz"), "cpu")
+    assert run.settings == {"kv_cache_dtype": "fp8", "skip_layers": [1], "scaled": True}
+    assert [p.k_scheme for p in run.layers] == ["fp8_e4m3_cal_rtz", "none"]
+
+
+def test_a_plan_for_another_platform_is_refused_with_the_fix(model):
+    with pytest.raises(SensprofError, match=r"made for Hopper .* runs on vLLM's CPU backend.*--vllm-gpu cpu"):
+        vllm_run(vllm_plan(model, gpu="hopper", scheme="fp8_e4m3_qfp8"), "cpu")
+    with pytest.raises(SensprofError, match="runs vLLM plans; this plan is for sensprof"):
+        vllm_run(_plan(model, [("int4_c32", "int4_t32")] * 2), "cpu")
+    with pytest.raises(SensprofError, match="runs llama.cpp plans; this plan is for vllm"):
+        llamacpp_run(vllm_plan(model))
+    plan = vllm_plan(model, dtype="int4_per_token_head", scheme="int4_per_token_head")
+    with pytest.raises(SensprofError, match="does not run on vLLM's CPU backend"):
+        vllm_run(plan, "cpu")
+
+
+def test_llamacpp_run_and_a_model_without_gguf(model, tiny_model_dir):
+    plan = _plan(model, [("q8_0", "q4_0")] * 2).replace(target="llamacpp", engine=LlamacppSettings(
+        cache_type_k="q8_0", cache_type_v="q4_0"))
+    assert llamacpp_run(plan).settings == {"type_k": "q8_0", "type_v": "q4_0"}
+    with pytest.raises(SensprofError, match="llama.cpp loads GGUF files .* convert_hf_to_gguf.py"):
+        gguf_path(tiny_model_dir)
+
+
+def _damage(kl, dnll, base):
+    return TokenDamage(*(torch.as_tensor(x, dtype=torch.float64) for x in (kl, dnll, base)))
+
+
+def test_agreement_figures():
+    g = torch.Generator().manual_seed(0)
+    d = torch.rand(2, 400, generator=g, dtype=torch.float64) * 0.1
+    noise = torch.randn(2, 400, generator=g, dtype=torch.float64) * 1e-3
+    base = torch.rand(2, 400, generator=g, dtype=torch.float64)
+    same = agreement(_damage(d, d + noise, base), _damage(d * 1.05, d, base))
+    assert same["kl_ratio"] == pytest.approx(1 / 1.05) and same["kl_agrees"] and same["dnll_agrees"]
+    assert same["corr_applies"] and same["dnll_corr"] > 0.99 and same["agrees"]
+    assert same["dnll_diff_se"] == pytest.approx(float(noise.std()) / (800 ** 0.5))
+    # the engine does 2x the damage: KL and dNLL both disagree
+    off = agreement(_damage(2 * d, 2 * d + noise, base), _damage(d, d, base))
+    assert not off["kl_agrees"] and not off["dnll_agrees"] and not off["agrees"]
+    # numerically different baselines: the correlation is reported but not demanded
+    far = agreement(_damage(d, d.flip(-1), base + 0.5), _damage(d, d, base))
+    assert not far["corr_applies"] and far["corr_agrees"] and far["baseline_max_dlogp"] == pytest.approx(0.5)
+
+
+def test_engine_python_must_have_the_engine(tmp_path):
+    with pytest.raises(SensprofError, match="--engine-python .* does not exist"):
+        find_engine_python("vllm", str(tmp_path / "nope"))
+    if not _has(sys.executable, "vllm"):
+        with pytest.raises(SensprofError, match=f"--engine-python {sys.executable} cannot import vllm"):
+            find_engine_python("vllm", sys.executable)
+    with pytest.raises(SensprofError, match="unknown --engine 'tgi'; choose one of vllm, llamacpp"):
+        find_engine_python("tgi")
+
+
+def test_missing_engine_names_the_installer(tmp_path, monkeypatch):
+    from sensprof.engines.run import python as p
+
+    monkeypatch.setenv("SENSPROF_ENGINES", str(tmp_path))
+    monkeypatch.delenv("SENSPROF_LLAMACPP_PYTHON", raising=False)
+    monkeypatch.setattr(p.sys, "executable", str(tmp_path / "no-python"))
+    with pytest.raises(SensprofError, match=r"llamacpp is not installed.*tools/engines/install.sh llamacpp"):
+        find_engine_python("llamacpp")
+
+
+def _has(python, module):
+    import importlib.util
+
+    return python == sys.executable and importlib.util.find_spec(module) is not None
+
+
+def test_an_engine_crash_is_one_line_with_the_engines_own_error(tmp_path):
+    """The runner fails inside the engine's Python (here: this Python, which has no vLLM): the line carries the
+    engine's last exception, and its whole output is kept in the log the caller named."""
+    if _has(sys.executable, "vllm"):
+        pytest.skip("this Python has vLLM")
+    log = tmp_path / "engine.log"
+    job = {"windows": [[1, 2, 3]], "max_model_len": 4, "configs": [{"model": "m", "kv_cache_dtype": "auto",
+                                                                   "out": str(tmp_path / "o.pt")}]}
+    with pytest.raises(SensprofError, match=r"vllm failed: .*No module named 'vllm'.*its full log: .*engine.log") as e:
+        run_job("vllm", sys.executable, job, str(tmp_path), str(log))
+    assert "\n" not in str(e.value) and "Traceback" in log.read_text()
+
+
+def test_last_error_picks_the_exception_line():
+    text = "INFO starting\nTraceback (most recent call last):\n  File \"x.py\", line 1\nValueError: bad dtype\nbye\n"
+    assert last_error(text) == "ValueError: bad dtype"
+    assert last_error("") == "(no output)"
+
+
+def test_cli_validate_engine_refusals_are_one_line(tmp_path, capsys, model):
+    path = str(tmp_path / "plan.json")
+    vllm_plan(model).save(path)
+    line = one_error_line(*run_cli(capsys, "validate", path, "--engine", "tgi"))
+    assert "unknown --engine 'tgi'" in line
+    line = one_error_line(*run_cli(capsys, "validate", path, "--engine", "vllm", "--engine-python",
+                                   str(tmp_path / "nowhere" / "python")))
+    assert "--engine-python" in line and "does not exist" in line
+    assert not os.path.exists(tmp_path / "plan.engine-vllm.csv")
