@@ -47,6 +47,14 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
 
     schemes, k_schemes, v_schemes = (",".join(x) if isinstance(x, (list, tuple)) else x
                                      for x in (schemes, k_schemes, v_schemes))
+    for flag, value in (("--schemes", schemes), ("--k-schemes", k_schemes), ("--v-schemes", v_schemes)):
+        if value is not None and not str(value).replace(",", "").strip():
+            from .schemes import scheme_names
+
+            raise SensprofError(f"no schemes given: {flag} is empty; pass one or more of: {', '.join(scheme_names())}; "
+                                f"or leave {flag} out for the default menu")
+    if isinstance(layers, str) and not layers.replace(",", "").strip():
+        raise SensprofError("--layers is empty; pass layers such as 0-11 or 0,5,7-9, or leave --layers out for all")
     profile_menu(schemes, target, vllm_gpu, None, k_schemes, v_schemes)  # a bad menu fails before loading
     check_modes(kl, screen, replay=not naive, naive=naive)
     lengths = parse_seq_lens(seq_len)
@@ -57,12 +65,13 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
         raise SensprofError("--ray-workers and --ray-gpus-per-worker need --ray")
     if ray is not None and not isinstance(model, str):
         raise SensprofError("--ray loads the model on every worker: pass a model id, path or alias, not a loaded model")
-    if out_dir:
-        from .files import check_writable
-
-        check_writable(out_dir)  # before minutes of loading
     files = [text] if isinstance(text, str) else text
     with contextlib.ExitStack() as stack:
+        if out_dir:
+            from .files import check_writable, output_lock
+
+            check_writable(out_dir)  # before minutes of loading
+            stack.enter_context(output_lock(out_dir))  # one writer per folder, for the whole run
         if ray is None:
             model, tokenizer, model_id, shape = _profiled_model(model, tokenizer, device, dtype, device_map,
                                                                 trust_remote_code, quiet_loading)
@@ -208,7 +217,8 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     from .validate import advantage_note, format_table, validate_plan, validation_lengths, validation_windows
 
     if windows is not None and windows < 1:
-        raise SensprofError(f"--windows must be at least 1, not {windows}")
+        raise SensprofError(f"--windows {windows} is too few; use at least 1, or leave --windows out for as many as "
+                            "profiled")
     result = load_plan(plan_path)
     suffix = f".engine-{engine}.csv" if engine else ".validation.csv"
     out = out or os.path.splitext(plan_path)[0] + suffix
@@ -233,7 +243,7 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
             log(format_engine_table(df))
         else:
             df = validate_plan(result, loaded, windows, n).assign(seq_len=n)
-            log(f"measured on {windows or result.profile.settings['windows']} unseen windows of {n} tokens:")
+            log(f"measured on {windows if windows is not None else result.profile.settings['windows']} unseen windows of {n} tokens:")
             log(format_table(df))
         frames.append(df)
     df = pd.concat(frames, ignore_index=True)
@@ -323,10 +333,11 @@ def evaluate(plan_path: str, *, model=None, task="retrieval", lengths="1k,2k,4k"
 
 def lm_eval(plan_path: str, *, tasks, include=None, limit=None, num_fewshot=None, chunk=512, uniform="auto",
             kernels="auto", model=None, device="auto", dtype=None, device_map=None, trust_remote_code=False, out=None,
-            quiet=False, progress=None):
+            quiet=False, progress=None, truncate=False):
     """lm-evaluation-harness `tasks` (names or patterns; `include`: directories of your own YAML tasks) through
     the runtime cache for the baseline, the plan and the uniform configurations of equal memory; one comparison
-    table is written to `out` (default <plan>.lm-eval.csv). Needs `pip install 'sensprof[eval]'`.
+    table is written to `out` (default <plan>.lm-eval.csv). A request longer than the model's positions is refused,
+    or with `truncate` cut from the left with a warning. Needs `pip install 'sensprof[eval]'`.
     Returns (table, path)."""
     from .artifacts import load_plan
     from .evaluate.lm_eval_run import parse_tasks, require_lm_eval, run_lm_eval, task_manager
@@ -354,7 +365,7 @@ def lm_eval(plan_path: str, *, tasks, include=None, limit=None, num_fewshot=None
         loaded = load_for_plan(result, model, device, dtype, device_map, trust_remote_code)
     use_sdpa(loaded.model)
     df = run_lm_eval(loaded.model, loaded.tokenizer, result, names, tm, limit, num_fewshot, chunk, uniform, kernels,
-                     progress, quiet)
+                     progress, quiet, truncate)
     atomic_write_text(out, df.to_csv(index=False))
     return df, out
 

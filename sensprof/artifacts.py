@@ -350,6 +350,9 @@ def now() -> str:
 
 
 def load_plan(path: str) -> Plan:
+    if os.path.isdir(path):
+        raise SensprofError(f"plan {path!r} is a folder, not a plan file; pass the JSON file `sensprof plan` wrote")
     if not os.path.isfile(path):
         raise SensprofError(f"plan file {path!r} does not exist; write one with `sensprof plan PROFILE_DIR`")
-    return Plan.from_json(read_json(path, "plan"), path)
+    return Plan.from_json(read_json(path, "plan", f"{path!r} is not a sensprof plan (it is empty, corrupt or "
+                                    "not JSON text); pass the JSON file `sensprof plan` wrote, or write one with it"), path)

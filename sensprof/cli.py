@@ -105,12 +105,13 @@ def cmd_export(args) -> int:
 def cmd_eval(args) -> int:
     t0, c0 = time.perf_counter(), time.process_time()
     progress = None if args.quiet else (lambda msg: print(f"eval: {msg}", file=sys.stderr, flush=True))
-    if args.lm_eval_tasks:
+    if args.lm_eval_tasks is not None:  # '' is refused as empty, not read as "no lm-eval"
         from .evaluate.lm_eval_run import format_lm_eval
 
         df, out = api.lm_eval(args.plan, **_model(args), tasks=args.lm_eval_tasks, include=args.lm_eval_include,
                               limit=args.lm_eval_limit, num_fewshot=args.num_fewshot, chunk=args.chunk,
-                              uniform=args.uniform, out=args.out, quiet=args.quiet, progress=progress)
+                              uniform=args.uniform, out=args.out, quiet=args.quiet, progress=progress,
+                              truncate=args.lm_eval_truncate)
         table = format_lm_eval(df)
         what = f"lm-eval requests, each through a fresh runtime cache (chunks of {args.chunk} tokens)"
     else:
@@ -147,7 +148,26 @@ COMMANDS = {"profile": cmd_profile, "merge": cmd_merge, "summary": cmd_summary, 
             "export": cmd_export, "eval": cmd_eval, "generate": cmd_generate}
 
 
+def _terminated(signum, frame):
+    """SIGTERM ends a run as Ctrl-C does: cleanups run (the folder's lock, temporary files, a Ray cluster this
+    run started), and the same command resumes."""
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
+    import signal
+    import threading
+
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if on_main else None
+    try:
+        return _main(argv)
+    finally:
+        if on_main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _main(argv=None) -> int:
     from .cli_args import build_parser
 
     parser = build_parser()

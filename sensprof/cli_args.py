@@ -239,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --lm-eval-tasks: documents per task (a fraction below 1: that share of them)")
     ev.add_argument("--num-fewshot", type=int, default=None, metavar="N",
                     help="with --lm-eval-tasks: few-shot examples per prompt (default: each task's own)")
+    ev.add_argument("--lm-eval-truncate", action="store_true",
+                    help="with --lm-eval-tasks: cut requests longer than the model's positions from the left, with a "
+                         "warning saying how many tokens (default: refuse them)")
 
     s = sub.add_parser("summary", help="print the summary table of a profile directory")
     s.add_argument("dir", help="profile directory")

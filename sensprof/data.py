@@ -19,6 +19,8 @@ def builtin_corpus() -> str:
 
 def read_text_file(path: str) -> str:
     """Plain text, or JSONL whose lines carry a `text` field."""
+    if os.path.isdir(path):
+        raise SensprofError(f"--text {path!r} is a folder, not a file; pass a plain-text or JSONL file")
     if not os.path.isfile(path):
         raise SensprofError(f"text file {path!r} does not exist; check --text")
     try:

@@ -67,7 +67,79 @@ def connect(address) -> bool:
                                 "profile without --ray") from None
         raise SensprofError(f"cannot join the Ray cluster at {address!r} ({why}); check the address, and "
                             "`ray status` on that cluster") from None
+    if address is True:
+        _fate_share_with_ray(ray)
     return True
+
+
+# Run by a small process of its own: it keeps a list of the processes given as PID:START-TIME and all their
+# descendants (Ray's dashboard and runtime-env agents, its workers: they outlive their parent raylet), refreshed
+# every second until EOF on stdin (the driver's end of a pipe closes when the driver exits, kill -9 included);
+# then it SIGKILLs every one of them still running, skipping any PID since reused by another process.
+_REAPER = """
+import os, select, sys
+import psutil
+roots, known = [], {}
+for arg in sys.argv[1:]:
+    pid, _, start = arg.partition(":")
+    try:
+        p = psutil.Process(int(pid))
+        if abs(p.create_time() - float(start)) < 1e-3:
+            roots.append(p)
+    except psutil.Error:
+        pass
+while True:
+    for root in roots:
+        try:
+            for p in [root, *root.children(recursive=True)]:
+                known.setdefault(p.pid, p)
+        except psutil.Error:
+            pass
+    if select.select([0], [], [], 1.0)[0] and not os.read(0, 4096):
+        break
+for p in known.values():
+    try:
+        p.kill()  # psutil checks the PID still names the process it saw
+    except psutil.Error:
+        pass
+"""
+_reaper_pipes: list[int] = []  # the driver's write ends, held open for the life of the process
+
+
+def fate_share(pids) -> None:
+    """Make the processes `pids` (and their descendants) die with this process, however it ends: a reaper
+    process kills them when this process's end of a pipe closes. A normal exit has shut them down already."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    args = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            args.append(f"{pid}:{psutil.Process(pid).create_time()!r}")
+    if not args:
+        return
+    read, write = os.pipe()
+    try:
+        subprocess.Popen([sys.executable, "-c", _REAPER, *args], stdin=read, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    finally:
+        os.close(read)
+    os.set_inheritable(write, False)
+    _reaper_pipes.append(write)
+
+
+def _fate_share_with_ray(ray) -> None:
+    """The local cluster `ray.init` started: its GCS, raylet, log monitor and what they spawn die with the
+    driver, so a kill -9 leaves no Ray running (Ray's own fate sharing misses the agents the raylet starts)."""
+    try:
+        node = ray._private.worker._global_node
+        pids = [info.process.pid for infos in node.all_processes.values() for info in infos
+                if getattr(info, "process", None) is not None]
+    except AttributeError:  # another Ray version's internals: rely on its own fate sharing
+        return
+    fate_share(pids)
 
 
 @contextlib.contextmanager

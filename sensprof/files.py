@@ -6,9 +6,12 @@ new one, never a torn file.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
+import sys
 import tempfile
 
 from .errors import SensprofError
@@ -24,19 +27,32 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
 
 def _atomic_write(path: str, data, mode: str, encoding: str | None) -> None:
     d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
+    tmp = None
     try:
+        os.makedirs(d, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
         with os.fdopen(fd, mode, encoding=encoding) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as e:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):  # a full disk, a quota, a folder made read-only mid-run: the old file is intact
+            raise write_error(path, e) from None
         raise
+
+
+def write_error(path: str, e: OSError) -> SensprofError:
+    """An OSError while writing `path`, as the one-line error the CLI prints (the file itself is unchanged)."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return SensprofError(f"no space left writing {path!r} ({e.strerror}); nothing written so far was lost: free "
+                             "space on that disk (or pass an output path on another one) and run the same command "
+                             "again")
+    return SensprofError(f"cannot write {path!r} ({e.strerror or e}); check that folder and its permissions, then "
+                         "run the same command again")
 
 
 def _umask() -> int:
@@ -49,14 +65,19 @@ def write_json(path: str, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True, allow_nan=True) + "\n")
 
 
-def read_json(path: str, what: str):
+def read_json(path: str, what: str, not_json: str | None = None):
+    """JSON from `path`; `not_json`: the message for a file that is not JSON at all (empty, binary), instead of
+    calling it a corrupt profile file."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError:
         raise SensprofError(f"{what} {path!r} is missing; re-run `sensprof profile` into that directory") from None
+    except IsADirectoryError:
+        raise SensprofError(f"{what} {path!r} is a folder, not a file; pass the file itself") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise SensprofError(f"{what} {path!r} is corrupt (not valid JSON); delete it and re-run `sensprof profile`") from None
+        raise SensprofError(not_json or f"{what} {path!r} is corrupt (not valid JSON); delete it and re-run "
+                            "`sensprof profile`") from None
 
 
 def check_writable(path: str, flag: str = "--out", kind: str = "dir") -> None:
@@ -80,6 +101,76 @@ def check_writable(path: str, flag: str = "--out", kind: str = "dir") -> None:
     except OSError as e:
         raise SensprofError(f"cannot write to {flag} {path!r} ({e.strerror or e}); pass a path in a writable "
                             "directory") from None
+
+
+LOCK = ".sensprof.lock"  # inside an output folder while a run writes it (removed when the run ends)
+
+
+@contextlib.contextmanager
+def output_lock(folder: str, flag: str = "--out", lock_path: str | None = None):
+    """Hold an exclusive lock on `folder` (one writer per output folder) for the block.
+
+    The lock is an OS file lock (flock) on `lock_path` (default: LOCK inside the folder), so the kernel drops it
+    when the process dies, kill -9 included: a stale lock file is just taken over. A second run while it is
+    held gets one line naming the holder (its PID and command, written into the lock file). A folder the lock
+    created is removed again at the end if the run left nothing in it."""
+    import fcntl
+
+    lock = lock_path or os.path.join(folder, LOCK)
+    parent = os.path.dirname(os.path.abspath(lock))
+    created = []  # the folders made for the lock, innermost first
+    d = parent
+    while not os.path.isdir(d):
+        created.append(d)
+        d = os.path.dirname(d)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise SensprofError(f"cannot write to {flag} {folder!r} ({e.strerror or e}); pass a path in a writable "
+                            "directory") from None
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except OSError as e:
+            raise SensprofError(f"cannot lock {flag} {folder!r} ({e.strerror or e}): {lock!r} must be a plain file "
+                                "sensprof can write; remove it, or pass another " + flag) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "a process that has not said which"
+            os.close(fd)
+            raise SensprofError(f"{flag} {folder!r} is being written by another sensprof run ({holder}); wait for it "
+                                f"to finish, or pass another {flag}") from None
+        try:  # the holder before us may have removed the file we opened: then lock the new one
+            same = os.path.samestat(os.fstat(fd), os.stat(lock, follow_symlinks=False))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}: {' '.join(['sensprof', *sys.argv[1:]])[:300]}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)  # before the lock is released, so a waiter finds it gone and locks a new one
+        os.close(fd)
+        for d in created:
+            try:
+                os.rmdir(d)  # only if empty: the run wrote nothing there
+            except OSError:
+                break
+
+
+def check_no_symlinks(folder: str, names, flag: str = "--out") -> None:
+    """Refuse an output folder whose own entries (`names`: parts/, meta.json, ...) are symbolic links: sensprof
+    would write (and clean temporary files) through them, outside the folder the user named."""
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.islink(path):
+            raise SensprofError(f"{flag} {folder!r} holds {name!r} as a symbolic link, which sensprof does not write "
+                                "through; replace it with a real folder or file, or pass another " + flag)
 
 
 def check_artifact(obj, kind: str, version: int, where: str, what: str, command: str) -> None:

@@ -203,16 +203,16 @@ def replay_from(model, start: int, layer_outputs: dict, repeat: int = 1):
         return o
 
     cached = repeated(out)
-    saved = []
+    skipped = list(layers[:start])
+    saved = [layer.__dict__.get("forward") for layer in skipped]  # every layer's, before any is replaced
     try:
-        for layer in layers[:start]:
-            saved.append(layer.__dict__.get("forward"))
+        for layer in skipped:
             layer.forward = lambda *a, **k: cached
         yield
-    finally:
-        for layer, fwd in zip(layers[:start], saved):
+    finally:  # every layer back, whichever were replaced when an exception (Ctrl-C included) arrived
+        for layer, fwd in zip(skipped, saved):
             if fwd is None:
-                del layer.forward
+                layer.__dict__.pop("forward", None)
             else:
                 layer.forward = fwd
 

@@ -42,6 +42,8 @@ def problem_from_table(table, layers: list[dict], objective: str = "kl", robust:
         raise SensprofError(f"unknown --objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     if robust < 0:
         raise SensprofError(f"--robust {robust:g} is negative; pass a multiple of the spread >= 0, e.g. 1")
+    if not robust < float("inf"):  # NaN or infinite: blame the argument, not the profile's costs it would make NaN
+        raise SensprofError(f"--robust {robust:g} is not a finite number; pass a multiple of the spread >= 0, e.g. 1")
     if robust and objective != "kl":
         raise SensprofError("--robust weighs the KL's spread across windows; use it with --objective kl")
     col = OBJECTIVES[objective]

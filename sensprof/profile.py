@@ -335,7 +335,7 @@ class PartsStore:
         if out_dir:
             old = check_out_dir(out_dir, settings)
             if old is not None:
-                self.parts = dict(load_parts(out_dir))
+                self.parts = dict(load_parts(out_dir, old))
                 self.prior_time = float(old.get("wall_time_s", 0.0))
             os.makedirs(os.path.join(out_dir, PARTS), exist_ok=True)
 

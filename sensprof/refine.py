@@ -52,7 +52,13 @@ def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str =
                             "--refine")
     loaded = load_model(model or meta["model"]["id"], device, dtype, device_map, trust_remote_code)
     settings = meta["settings"]
-    ids = select_windows(loaded.tokenizer, files, settings["seq_len"], settings["windows"], settings["seed"])[0]
+    ids, _, digest, _ = select_windows(loaded.tokenizer, files, settings["seq_len"], settings["windows"],
+                                       settings["seed"])
+    if settings.get("text_digest") and digest != settings["text_digest"]:  # the windows would not be the profiled ones
+        what = ", ".join(map(repr, files or [])) or "the built-in corpus"
+        raise SensprofError(f"--refine re-runs the profile's text, but {what} is not the text that was profiled "
+                            f"(digest {digest} now, {settings['text_digest']} in meta.json); restore that text or "
+                            "drop --refine")
     robust = plan.solver.robust
     problem = problem_from_table(usable_cells(profile), meta["layers"], plan.objective, robust)
     target = get_target("sensprof")

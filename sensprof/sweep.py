@@ -24,45 +24,49 @@ def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: s
     import pandas as pd
 
     from .budget import Budget
-    from .files import atomic_write_text, check_writable
+    from .files import atomic_write_text, check_writable, output_lock
     from .specs import parse_list
     from .table import load_profile
 
     if uniform not in UNIFORM_CHOICES:
         raise SensprofError(f"--uniform {uniform!r} is not frontier, all or none")
+    if windows is not None and windows < 1:
+        raise SensprofError(f"--windows {windows} is too few; use at least 1, or leave --windows out for as many as "
+                            "profiled")
     values = parse_list(avg_bits, "--avg-bits", float, "3,4,6")
     budgets = [Budget("avg_bits", b, context_len=context_len) for b in sorted(values)]  # refused before any plan
     profile = load_profile(profile_dir, require_complete=True)
     out = out or os.path.join("plans", f"sweep-{safe_name(profile.meta['model']['id'])}-{target}")
     check_writable(out)
-    rows, plans = [], []
-    for budget in budgets:
-        b = budget.value
-        try:
-            plan = make_plan(profile_dir, target, budget, objective, None, vllm_gpu, llamacpp_build, robust)
-        except SensprofError as e:
-            if "infeasible" in str(e):
-                log(f"--avg-bits {b:g}: infeasible for {target}")
-                continue
-            raise
-        path = os.path.join(out, f"plan-{b:g}bits.json")
-        plan.save(path)
-        plans.append((path, plan))
-        rows.append({"budget_avg_bits": b, "context_len": context_len, "avg_bits": plan.predicted.avg_bits,
-                     "fraction_of_bf16": plan.predicted.fraction_of_bf16,
-                     "predicted_damage": plan.predicted.damage, "engine": plan.engine_summary(), "plan": path})
-    if not rows:
-        raise SensprofError(f"every budget was infeasible for target {target}; try larger --avg-bits")
-    df = pd.DataFrame(rows)
-    best = float("inf")
-    frontier = []
-    for r in df.sort_values("avg_bits").itertuples():  # non-dominated: less damage than any cheaper plan
-        frontier.append(r.predicted_damage < best - 1e-18)
-        best = min(best, r.predicted_damage)
-    df = df.sort_values("avg_bits").assign(frontier=frontier)
-    if validate:
-        df = _validate_sweep(df, profile, plans, uniform, windows, seq_len, model_options or {}, out, log)
-    atomic_write_text(os.path.join(out, "sweep.csv"), df.to_csv(index=False))
+    with output_lock(out):  # one writer per folder
+        rows, plans = [], []
+        for budget in budgets:
+            b = budget.value
+            try:
+                plan = make_plan(profile_dir, target, budget, objective, None, vllm_gpu, llamacpp_build, robust)
+            except SensprofError as e:
+                if "infeasible" in str(e):
+                    log(f"--avg-bits {b:g}: infeasible for {target}")
+                    continue
+                raise
+            path = os.path.join(out, f"plan-{b:g}bits.json")
+            plan.save(path)
+            plans.append((path, plan))
+            rows.append({"budget_avg_bits": b, "context_len": context_len, "avg_bits": plan.predicted.avg_bits,
+                         "fraction_of_bf16": plan.predicted.fraction_of_bf16,
+                         "predicted_damage": plan.predicted.damage, "engine": plan.engine_summary(), "plan": path})
+        if not rows:
+            raise SensprofError(f"every budget was infeasible for target {target}; try larger --avg-bits")
+        df = pd.DataFrame(rows)
+        best = float("inf")
+        frontier = []
+        for r in df.sort_values("avg_bits").itertuples():  # non-dominated: less damage than any cheaper plan
+            frontier.append(r.predicted_damage < best - 1e-18)
+            best = min(best, r.predicted_damage)
+        df = df.sort_values("avg_bits").assign(frontier=frontier)
+        if validate:
+            df = _validate_sweep(df, profile, plans, uniform, windows, seq_len, model_options or {}, out, log)
+        atomic_write_text(os.path.join(out, "sweep.csv"), df.to_csv(index=False))
     return df, out
 
 

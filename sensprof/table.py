@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass
 
 from .errors import SensprofError
-from .files import (atomic_write_bytes, atomic_write_text, check_artifact, check_writable, read_json, safe_name,
-                    write_json)
+from .files import (LOCK, atomic_write_bytes, atomic_write_text, check_artifact, check_no_symlinks, check_writable,
+                    output_lock, read_json, safe_name, write_json)
 from .specs import compact_ranges
 
 FORMAT_VERSION = 1
@@ -61,7 +61,8 @@ def check_out_dir(out_dir: str, settings: dict) -> dict | None:
     check_writable(out_dir)
     if not os.path.exists(out_dir):
         return None
-    entries = {e for e in os.listdir(out_dir) if not e.startswith(".tmp-")}
+    check_no_symlinks(out_dir, sorted(OWN_FILES))
+    entries = {e for e in os.listdir(out_dir) if not e.startswith(".tmp-") and e != LOCK}
     if not entries:
         remove_temp_files(out_dir)
         return None
@@ -69,6 +70,10 @@ def check_out_dir(out_dir: str, settings: dict) -> dict | None:
         if entries - OWN_FILES:
             raise SensprofError(
                 f"--out {out_dir!r} is not empty and holds no sensprof profile; pass a new or empty directory")
+        if _part_names(out_dir):
+            raise SensprofError(
+                f"--out {out_dir!r} holds profile parts but no meta.json, so which model and settings they belong "
+                "to is unknown; pass another --out, or delete that directory and re-run `sensprof profile`")
         remove_temp_files(out_dir)
         return None
     meta = load_meta(out_dir)
@@ -86,7 +91,16 @@ def check_out_dir(out_dir: str, settings: dict) -> dict | None:
 LAYER_KEYS = ("index", "kind", "window", "kv_heads", "head_dim")
 
 
+def check_profile_dir(out_dir: str) -> None:
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise SensprofError(f"profile directory {out_dir!r} is a file, not a folder; pass the folder `sensprof "
+                            "profile` wrote (it holds meta.json)")
+    if not os.path.isdir(out_dir):
+        raise SensprofError(f"profile directory {out_dir!r} does not exist; run `sensprof profile --out {out_dir}`")
+
+
 def load_meta(out_dir: str) -> dict:
+    check_profile_dir(out_dir)
     path = os.path.join(out_dir, META)
     meta = read_json(path, "profile metadata")
     check_artifact(meta, KIND, FORMAT_VERSION, out_dir, "profile", "profile")
@@ -101,6 +115,9 @@ def load_meta(out_dir: str) -> dict:
     elif any(not isinstance(x, dict) or not set(LAYER_KEYS) <= set(x) for x in layers) or \
             [x["index"] for x in layers] != list(range(len(layers))):
         problem = f"its 'layers' are not layers 0-{len(layers) - 1} with {', '.join(LAYER_KEYS)}"
+    elif bad := next((x for x in layers if not all(_positive_int(x[k]) for k in ("kv_heads", "head_dim"))), None):
+        problem = (f"its layer {bad['index']} has kv_heads {bad['kv_heads']!r} and head_dim {bad['head_dim']!r}, "
+                   "which must be positive integers")
     elif not isinstance(meta.get("layers_done", []), list) or \
             not set(meta.get("layers_done", [])) <= set(range(len(layers))):
         problem = "its 'layers_done' are not layer indices"
@@ -110,20 +127,58 @@ def load_meta(out_dir: str) -> dict:
     return meta
 
 
-def load_parts(out_dir: str) -> dict[int, dict]:
+def _positive_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def _part_names(out_dir: str) -> list[str]:
+    d = os.path.join(out_dir, PARTS)
+    return sorted(n for n in os.listdir(d) if n.startswith("layer_") and n.endswith(".json")) if os.path.isdir(d) else []
+
+
+REDO_PART = "delete it and re-run the same `sensprof profile` command to redo that layer"
+
+
+def load_parts(out_dir: str, meta: dict | None = None) -> dict[int, dict]:
+    """The per-layer parts of a profile directory; with `meta` (the profile's meta.json), each is checked to be a
+    layer of that model, named for its layer, with each cell once and finite, non-negative damage."""
     d = os.path.join(out_dir, PARTS)
     parts = {}
-    if os.path.isdir(d):
-        for name in sorted(os.listdir(d)):
-            if name.startswith("layer_") and name.endswith(".json"):
-                path = os.path.join(d, name)
-                part = read_json(path, "profile part")
-                if not (isinstance(part, dict) and isinstance(part.get("layer"), int)
-                        and isinstance(part.get("rows"), list) and isinstance(part.get("heads"), list)):
-                    raise SensprofError(f"profile part {path!r} is damaged (no layer, rows and heads); delete it and "
-                                        "re-run the same `sensprof profile` command to redo that layer")
-                parts[part["layer"]] = part
+    for name in _part_names(out_dir):
+        path = os.path.join(d, name)
+        part = read_json(path, "profile part")
+        if not (isinstance(part, dict) and isinstance(part.get("layer"), int)
+                and isinstance(part.get("rows"), list) and isinstance(part.get("heads"), list)):
+            raise SensprofError(f"profile part {path!r} is damaged (no layer, rows and heads); {REDO_PART}")
+        if meta is not None:
+            check_part(part, name, path, meta)
+        parts[part["layer"]] = part
     return parts
+
+
+def check_part(part: dict, name: str, path: str, meta: dict) -> None:
+    """Refuse a part that does not belong to the profile `meta` describes (see load_parts)."""
+    import pandas as pd
+
+    layer, n = part["layer"], len(meta["layers"])
+    stem = name.removeprefix("layer_").removesuffix(".json")
+    if not stem.isdigit() or int(stem) != layer:
+        raise SensprofError(f"profile part {path!r} holds layer {layer} but is named for another; {REDO_PART}")
+    if not 0 <= layer < n:
+        raise SensprofError(f"profile part {path!r} holds layer {layer}, which the profiled model (layers 0-{n - 1}) "
+                            f"does not have; {REDO_PART}")
+    rows = part["rows"]
+    if any(not isinstance(r, dict) for r in rows + part["heads"]):
+        raise SensprofError(f"profile part {path!r} is damaged (a row is not an object); {REDO_PART}")
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    check_cells(table, f"profile part {path!r}", REDO_PART)
+    if len(table) and (table.layer.astype(int) != layer).any():
+        raise SensprofError(f"profile part {path!r} of layer {layer} holds rows of another layer; {REDO_PART}")
+    dup = table.duplicated(["tensor", "scheme"])
+    if dup.any():
+        r = table[dup].iloc[0]
+        raise SensprofError(f"profile part {path!r} holds the cell layer {layer} {r.tensor} {r.scheme} twice; "
+                            f"{REDO_PART}")
 
 
 def _table_texts(parts: dict[int, dict]) -> dict[str, str]:
@@ -140,12 +195,7 @@ def write_tables(out_dir: str, parts: dict[int, dict]) -> None:
 def sync_with_parts(out_dir: str, meta: dict) -> dict:
     """Bring profile.csv, heads.csv and meta.json's layers_done / complete up to what parts/ holds (a kill
     after a part is written and before they are leaves them behind); rewrites only what differs. Returns meta."""
-    import pandas as pd
-
-    parts = load_parts(out_dir)
-    for layer, part in parts.items():
-        check_cells(pd.DataFrame(part["rows"], columns=TABLE_COLUMNS), f"profile part {part_path(out_dir, layer)!r}",
-                    "delete it and re-run the same `sensprof profile` command to redo that layer")
+    parts = load_parts(out_dir, meta)
     for name, text in _table_texts(parts).items():
         path = os.path.join(out_dir, name)
         try:
@@ -184,6 +234,24 @@ def check_cells(table, where: str, fix: str) -> None:
                                 for c in ("layer", "tensor", "scheme", "head") if c in table)
                 shown = v if isinstance(v, str) else f"{float(v):g}"
                 raise SensprofError(f"{where} has {col} = {shown} at layer {cell}, which is {why}; {fix}")
+
+
+def check_rows(table, key: list[str], n_layers: int, where: str, fix: str) -> None:
+    """Refuse a table with a cell twice (the planner would read one copy and the plan record another) or a
+    layer the profiled model does not have."""
+    if not set(key) <= set(table.columns) or table.empty:
+        return
+    layers = table.layer.astype(float)
+    out = (layers < 0) | (layers >= n_layers) | (layers != layers.round())
+    if out.any():
+        raise SensprofError(f"{where} has layer {float(layers[out.idxmax()]):g}, which the profiled model (layers "
+                            f"0-{n_layers - 1}) does not have; {fix}")
+    dup = table.duplicated(key)
+    if dup.any():
+        r = table[dup].iloc[0]
+        cell = " ".join(f"{'head ' if c == 'head' else ''}{r[c]}" for c in key)
+        times = int((table[key] == r[key]).all(axis=1).sum())
+        raise SensprofError(f"{where} holds the cell layer {cell} {times} times; {fix}")
 
 
 def _check_whole_line(path: str, where: str, fix: str) -> None:
@@ -243,8 +311,6 @@ class Profile:
 def load_profile(out_dir: str, require_complete: bool = False) -> Profile:
     import pandas as pd
 
-    if not os.path.isdir(out_dir):
-        raise SensprofError(f"profile directory {out_dir!r} does not exist; run `sensprof profile --out {out_dir}`")
     meta = load_meta(out_dir)
     if require_complete and not meta.get("complete"):
         missing = sorted(set(range(len(meta["layers"]))) - set(meta.get("layers_done", [])))
@@ -270,6 +336,9 @@ def load_profile(out_dir: str, require_complete: bool = False) -> Profile:
         raise SensprofError(f"profile {out_dir!r} has an unexpected table layout; re-run `sensprof profile`")
     check_cells(table, f"{TABLE} of profile {out_dir!r}", rebuild)
     check_cells(heads, f"{HEADS} of profile {out_dir!r}", rebuild)
+    for name, t, key in ((TABLE, table, ["layer", "tensor", "scheme"]), (HEADS, heads, ["layer", "tensor", "scheme",
+                                                                                         "head"])):
+        check_rows(t, key, len(meta["layers"]), f"{name} of profile {out_dir!r}", rebuild)
     missing = expected_cells(meta, meta.get("layers_done", [])) - set(
         zip(table.layer.astype(int), table.tensor.astype(str), table.scheme.astype(str)))
     if missing:
@@ -352,25 +421,31 @@ def merge_profiles(dirs: list[str], out_dir: str) -> dict:
             raise SensprofError(
                 f"{d!r} was profiled with other settings than {dirs[0]!r} (differs in {', '.join(keys)}); "
                 "only parts of one profile can be merged")
-    check_out_dir(out_dir, base["settings"])
-    parts: dict[int, dict] = {}
-    for d in dirs:
-        for layer, part in load_parts(d).items():
-            if layer in parts and parts[layer]["rows"] != part["rows"]:
-                raise SensprofError(
-                    f"layer {layer} appears in two inputs with different results; merge each layer from one run only")
-            parts.setdefault(layer, part)
-    os.makedirs(os.path.join(out_dir, PARTS), exist_ok=True)
-    for layer, part in parts.items():
-        write_json(part_path(out_dir, layer), part)
-    for name in (CALIBRATION, STATS):
-        with open(os.path.join(dirs[0], name), "rb") as f:
-            atomic_write_bytes(os.path.join(out_dir, name), f.read())
-    write_tables(out_dir, parts)
-    meta = dict(base)
-    meta["layers_done"] = sorted(parts)
-    meta["complete"] = len(parts) == len(base["layers"])
-    meta["wall_time_s"] = sum(float(m.get("wall_time_s", 0.0)) for m in metas)
-    meta["merged_from"] = [os.path.abspath(d) for d in dirs]
-    write_json(os.path.join(out_dir, META), meta)
+    check_writable(out_dir)
+    with output_lock(out_dir):
+        check_out_dir(out_dir, base["settings"])
+        parts: dict[int, dict] = {}
+        for d, m in zip(dirs, metas):
+            check_no_symlinks(d, [PARTS], "merge input")
+            if len(m["layers"]) != len(base["layers"]):
+                raise SensprofError(f"{d!r} is a profile of {len(m['layers'])} layers, {dirs[0]!r} of "
+                                    f"{len(base['layers'])}; only parts of one profile can be merged")
+            for layer, part in load_parts(d, m).items():
+                if layer in parts and parts[layer]["rows"] != part["rows"]:
+                    raise SensprofError(f"layer {layer} appears in two inputs with different results; merge each "
+                                        "layer from one run only")
+                parts.setdefault(layer, part)
+        os.makedirs(os.path.join(out_dir, PARTS), exist_ok=True)
+        for layer, part in parts.items():
+            write_json(part_path(out_dir, layer), part)
+        for name in (CALIBRATION, STATS):
+            with open(os.path.join(dirs[0], name), "rb") as f:
+                atomic_write_bytes(os.path.join(out_dir, name), f.read())
+        write_tables(out_dir, parts)
+        meta = dict(base)
+        meta["layers_done"] = sorted(parts)
+        meta["complete"] = len(parts) == len(base["layers"])
+        meta["wall_time_s"] = sum(float(m.get("wall_time_s", 0.0)) for m in metas)
+        meta["merged_from"] = [os.path.abspath(d) for d in dirs]
+        write_json(os.path.join(out_dir, META), meta)
     return meta

@@ -4,6 +4,7 @@ and measure it beside uniform configurations: did summing per-layer damage predi
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import torch
@@ -163,7 +164,7 @@ def format_table(df) -> str:
 
 def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int | None):
     """Windows from the profile's text that the profile did not use."""
-    from .data import bos_prefix, overlapping_slots, select_windows
+    from .data import bos_prefix, load_text, overlapping_slots, text_digest, text_windows
 
     settings = plan.profile.settings
     exclude = set(plan.profile.window_slots or [])
@@ -171,22 +172,52 @@ def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int 
     if seq != settings["seq_len"]:  # other slot boundaries: leave out every window that overlaps a profiled one
         prefix = len(bos_prefix(tokenizer))
         exclude = overlapping_slots(exclude, settings["seq_len"] - prefix, seq - prefix)
-    ids, _, _, _ = select_windows(tokenizer, plan.profile.text_files, seq,
-                                  windows or settings["windows"], settings["seed"] + 1, exclude)
+    files = list(plan.profile.text_files or [])
+    gone = [f for f in files if not os.path.isfile(f)]
+    if gone:
+        raise SensprofError(f"the plan's profile text {gone[0]!r} is not there; restore the text the profile was "
+                            "made from, or re-profile and re-plan")
+    text, name = load_text(files)
+    want = settings.get("text_digest")
+    if (want or files) and text_digest(text) != want:  # a plan names its text: read only that text, unchanged
+        raise SensprofError(
+            f"the plan's profile text ({', '.join(map(repr, files)) or 'the built-in corpus'}) is not the text that "
+            f"was profiled (digest {text_digest(text)} now, {want or 'none'} in the plan); restore that text, or "
+            "re-profile and re-plan")
+    if seq < 2:
+        raise SensprofError(f"--seq-len {seq} is too short; use at least 2")
+    ids, _, _, _ = text_windows(tokenizer, text, name, seq, settings["windows"] if windows is None else windows,
+                                settings["seed"] + 1, exclude)
     return ids
 
 
 def validate_plan(plan: Plan, loaded, windows=None, seq_len=None, progress=None):
     """Measured table of the plan beside the reference configurations."""
-    from .table import load_profile
-
+    path = plan.profile.locate()
+    table = plan_profile(plan, path).table if path else None  # a profile that is not the plan's: refused first
     ids = validation_windows(plan, loaded.tokenizer, windows, seq_len)
     configs = {"plan": plan.layers, **reference_configs(plan)}
     measured = measure(loaded.model, ids, configs, progress)
-    path = plan.profile.locate()
     if path is None:
         print(f"sensprof: note: {plan.profile.missing_note()}", file=sys.stderr)
-    return validation_table(plan, measured, configs, load_profile(path).table if path else None)
+    return validation_table(plan, measured, configs, table)
+
+
+def plan_profile(plan: Plan, path: str):
+    """The profile the plan was made from, at `path`, refused unless it is that profile: the model fingerprint and
+    the settings the plan recorded (a plan copied beside another model's profile must not predict from it)."""
+    from .table import load_profile
+
+    profile = load_profile(path)
+    fp, settings = profile.meta["model"]["fingerprint"], profile.meta["settings"]
+    want = plan.profile.settings
+    diffs = [k for k in sorted(set(want) | set(settings)) if want.get(k) != settings.get(k)]
+    if fp != plan.profile.fingerprint or diffs:
+        what = (f"model fingerprint {fp} there, {plan.profile.fingerprint} in the plan" if fp != plan.profile.fingerprint
+                else f"settings differ in {', '.join(diffs[:3])}")
+        raise SensprofError(f"the plan's profile {path!r} is not the profile it was made from ({what}); keep the "
+                            "plan beside its own profile, or re-plan from this one")
+    return profile
 
 
 def validation_lengths(plan: Plan, spec, model) -> list[int]:

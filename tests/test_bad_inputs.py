@@ -327,6 +327,13 @@ def test_model_dir_with_config_but_no_weights(capsys, tiny_model_dir, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_profile_that_fails_leaves_no_folders_behind(capsys, tiny_model_dir, tmp_path):
+    """The --out lock is taken before the model loads: the folders it made go again when the run fails."""
+    d = _model_dir_without_weights(tmp_path, tiny_model_dir, "no-weights")
+    cli_error(capsys, "profile", "--model", d, *FAST, "--out", tmp_path / "new" / "deeper" / "out")
+    assert not (tmp_path / "new").exists()
+
+
 class _Trap:
     """Unpickling this creates a file: the proof that a pickle was executed."""
 
@@ -531,3 +538,259 @@ def test_subprocess_bad_profile_is_one_line(good_profile, tmp_path):
                         str(tmp_path / "p.json")], capture_output=True, text=True, timeout=120)
     assert_one_error_line(r.returncode, r.stdout, r.stderr)
     assert "kl = nan" in r.stderr
+
+
+# --------------------------------------------------------------------------- issue 24: crafted and damaged artifacts
+
+
+def test_duplicate_cells_in_profile_csv(capsys, profile_copy, tmp_path):
+    """A cell twice: the planner read one copy and the plan recorded another's damage."""
+    t = pd.read_csv(os.path.join(profile_copy, "profile.csv"), dtype=str)
+    pd.concat([t, t.iloc[[0]].assign(kl="0.5")]).to_csv(os.path.join(profile_copy, "profile.csv"), index=False)
+    _plan_and_summary_refuse(capsys, profile_copy, tmp_path, "profile.csv", "holds the cell layer 0 K fp8_e4m3 2 times",
+                             "rebuilds the table from parts/")
+
+
+def test_duplicate_heads_in_heads_csv(capsys, profile_copy, tmp_path):
+    t = pd.read_csv(os.path.join(profile_copy, "heads.csv"), dtype=str)
+    pd.concat([t] * 3).to_csv(os.path.join(profile_copy, "heads.csv"), index=False)
+    _plan_and_summary_refuse(capsys, profile_copy, tmp_path, "heads.csv", "3 times", "rebuilds the table")
+
+
+def test_duplicate_cells_are_fixed_by_the_command_the_message_names(capsys, tiny_model_dir, profile_copy, tmp_path):
+    good = open(os.path.join(profile_copy, "profile.csv"), "rb").read()
+    t = pd.read_csv(os.path.join(profile_copy, "profile.csv"), dtype=str)
+    pd.concat([t, t]).to_csv(os.path.join(profile_copy, "profile.csv"), index=False)
+    rc, out, err = run_cli(capsys, "profile", "--model", tiny_model_dir, *FAST[:-3], "--schemes", "fp8_e4m3,int4_c32",
+                           "--quiet", "--out", profile_copy)
+    assert rc == 0, err
+    assert open(os.path.join(profile_copy, "profile.csv"), "rb").read() == good
+
+
+@pytest.mark.parametrize("layer", ["3", "7", "1.5"])
+def test_layer_the_model_does_not_have_in_profile_csv(capsys, profile_copy, tmp_path, layer):
+    t = pd.read_csv(os.path.join(profile_copy, "profile.csv"), dtype=str)
+    pd.concat([t, t.iloc[[0]].assign(layer=layer)]).to_csv(os.path.join(profile_copy, "profile.csv"), index=False)
+    _plan_and_summary_refuse(capsys, profile_copy, tmp_path, "profile.csv", f"has layer {layer}, which the profiled "
+                             "model (layers 0-2) does not have", "rebuilds the table from parts/")
+
+
+@pytest.mark.parametrize("key,value", [("kv_heads", 0), ("head_dim", -768), ("kv_heads", 1.5), ("head_dim", "32")])
+def test_non_positive_shapes_in_meta_json(capsys, profile_copy, tmp_path, key, value):
+    """kv_heads 0 divided by zero in the planner; a negative head_dim made a plan of negative bytes per token."""
+    path = os.path.join(profile_copy, "meta.json")
+    meta = json.load(open(path))
+    meta["layers"][1][key] = value
+    json.dump(meta, open(path, "w"))
+    _plan_and_summary_refuse(capsys, profile_copy, tmp_path, "meta.json", "is damaged", "its layer 1 has",
+                             "must be positive integers", "re-run `sensprof profile`")
+
+
+def _merge_inputs(tiny_model_dir, tmp_path):
+    from sensprof.cli import main
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    for d, layers in ((a, "0"), (b, "1-2")):
+        assert main(["profile", "--model", tiny_model_dir, *FAST, "--layers", layers, "--out", d]) == 0
+    return a, b
+
+
+def _edit_part(d, layer, edit, rename_to=None):
+    path = os.path.join(d, "parts", f"layer_{layer:04d}.json")
+    part = json.load(open(path))
+    edit(part)
+    os.remove(path)
+    new = os.path.join(d, "parts", f"layer_{rename_to if rename_to is not None else layer:04d}.json")
+    json.dump(part, open(new, "w"))
+    return new
+
+
+@pytest.mark.parametrize("edit,rename_to,expect", [
+    (lambda p: p["rows"][0].update(kl=float("nan")), None, "kl = nan"),
+    (lambda p: p["rows"][0].update(kl=-0.25), None, "kl = -0.25"),
+    (lambda p: p.update(layer=7) or [r.update(layer=7) for r in p["rows"]], 7, "holds layer 7, which the profiled "
+     "model (layers 0-2) does not have"),
+    (lambda p: None, 0, "holds layer 2 but is named for another"),
+    (lambda p: p["rows"].append(dict(p["rows"][0])), None, "holds the cell layer 2 K fp8_e4m3 twice"),
+    (lambda p: p["rows"][0].update(layer=1), None, "holds rows of another layer"),
+], ids=["nan-kl", "negative-kl", "layer-7", "renamed", "duplicate-cell", "row-of-another-layer"])
+def test_merge_refuses_damaged_parts(capsys, tiny_model_dir, tmp_path, edit, rename_to, expect):
+    """merge copied such parts and called the result complete; plan then sent the user back to merge."""
+    a, b = _merge_inputs(tiny_model_dir, tmp_path)
+    path = _edit_part(b, 2, edit, rename_to)
+    before = snapshot(a, b)
+    msg = cli_error(capsys, "merge", a, b, "--out", tmp_path / "merged")
+    assert expect in msg and repr(path) in msg, msg
+    assert "re-run the same `sensprof profile` command" in msg and "merge" not in msg.split(";")[-1]
+    assert not (tmp_path / "merged").exists()
+    assert snapshot(a, b) == before
+
+
+def test_merge_refuses_inputs_of_another_layer_count(capsys, tiny_model_dir, tmp_path):
+    a, b = _merge_inputs(tiny_model_dir, tmp_path)
+    meta = json.load(open(os.path.join(b, "meta.json")))
+    meta["layers"].append(dict(meta["layers"][-1], index=3))
+    json.dump(meta, open(os.path.join(b, "meta.json"), "w"))
+    msg = cli_error(capsys, "merge", a, b, "--out", tmp_path / "merged")
+    assert "profile of 4 layers" in msg and "of 3" in msg
+    assert not (tmp_path / "merged").exists()
+
+
+def test_resume_refuses_a_part_the_model_does_not_have(capsys, tiny_model_dir, tmp_path):
+    """The resume rewrote meta.json with layers the model does not have; now it names the part to delete."""
+    out = tmp_path / "p"
+    assert run_cli(capsys, "profile", "--model", tiny_model_dir, *FAST, "--layers", "0", "--out", out)[0] == 0
+    stray = _edit_part(str(out), 0, lambda p: p.update(layer=5) or [r.update(layer=5) for r in p["rows"]], 5)
+    before = snapshot(out)
+    msg = cli_error(capsys, "profile", "--model", tiny_model_dir, *FAST, "--out", out)
+    assert repr(stray) in msg and "holds layer 5" in msg and "delete it" in msg
+    assert snapshot(out) == before
+    os.remove(stray)  # the fix the message names
+    assert run_cli(capsys, "profile", "--model", tiny_model_dir, *FAST, "--out", out)[0] == 0
+    assert load_profile(str(out), require_complete=True).meta["layers_done"] == [0, 1, 2]
+
+
+def test_parts_without_meta_json_are_not_adopted(capsys, tiny_model_dir, tmp_path):
+    """Parts of an unknown run (no meta.json) were mixed into the next profile written there."""
+    out = tmp_path / "p"
+    assert run_cli(capsys, "profile", "--model", tiny_model_dir, *FAST, "--layers", "0", "--out", out)[0] == 0
+    os.remove(out / "meta.json")
+    before = snapshot(out)
+    msg = cli_error(capsys, "profile", "--model", tiny_model_dir, *FAST, "--out", out)
+    assert "holds profile parts but no meta.json" in msg and "pass another --out" in msg
+    assert snapshot(out) == before
+
+
+def test_symlinked_parts_folder_is_refused(capsys, tiny_model_dir, tmp_path):
+    """parts/ as a symlink was written through, and .tmp-* files in its target deleted."""
+    out = tmp_path / "p"
+    assert run_cli(capsys, "profile", "--model", tiny_model_dir, *FAST, "--layers", "0", "--out", out)[0] == 0
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(str(out / "parts"), elsewhere)
+    (elsewhere / ".tmp-mine").write_text("keep me")
+    os.symlink(elsewhere, out / "parts")
+    before = snapshot(out, elsewhere)
+    for argv in (["profile", "--model", tiny_model_dir, *FAST, "--out", out],
+                 ["merge", out, "--out", tmp_path / "merged"]):
+        msg = cli_error(capsys, *argv)
+        assert "'parts'" in msg and "symbolic link" in msg, msg
+    assert snapshot(out, elsewhere) == before and (elsewhere / ".tmp-mine").read_text() == "keep me"
+    assert not (tmp_path / "merged").exists()
+
+
+# --------------------------------------------------------------------------- issue 24: full disks, odd outputs
+
+
+def test_full_disk_during_profile_is_one_line_and_resumes(capsys, monkeypatch, tiny_model_dir, good_profile, tmp_path):
+    """OSError ENOSPC from an atomic write mid-run: one line, no temporary files, every file on disk whole; the
+    same command afterwards finishes the profile exactly as an uninterrupted run."""
+    import errno
+
+    real, calls = os.fsync, []
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) >= 6:  # calibration, stats, meta, part 0, profile.csv: then the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    out = tmp_path / "p"
+    argv = ["profile", "--model", tiny_model_dir, *FAST[:-3], "--schemes", "fp8_e4m3,int4_c32", "--quiet", "--out", out]
+    monkeypatch.setattr(os, "fsync", fsync)
+    msg = cli_error(capsys, *argv)
+    monkeypatch.undo()
+    assert "no space left writing" in msg and "free space" in msg and "run the same command again" in msg
+    assert len(calls) == 6
+    names = [n for _, _, ns in os.walk(out) for n in ns]
+    assert not [n for n in names if n.startswith(".tmp-")] and ".sensprof.lock" not in names
+    json.load(open(out / "meta.json"))
+    json.load(open(out / "parts" / "layer_0000.json"))
+    rc, _, err = run_cli(capsys, *argv)
+    assert rc == 0, err
+    for name in ("profile.csv", "heads.csv", "calibration.json"):
+        assert (out / name).read_bytes() == open(os.path.join(good_profile, name), "rb").read(), name
+
+
+def test_export_gpu_mem_gib_inf(capsys, tmp_path):
+    msg = _export(capsys, save(vllm_plan(kinds=[("full", None)] * 3), tmp_path), "--format", "vllm",
+                  "--gpu-mem-gib", "inf")
+    assert "--gpu-mem-gib must be positive and finite, got inf" in msg
+
+
+@pytest.mark.parametrize("link_to", ["empty-dir", "nowhere"])
+def test_export_write_checkpoint_naming_a_symlink(capsys, tmp_path, link_to):
+    target = tmp_path / link_to
+    if link_to == "empty-dir":
+        target.mkdir()
+    link = tmp_path / "ckpt"
+    os.symlink(target, link)
+    msg = _export(capsys, save(vllm_plan(kinds=[("full", None)] * 3), tmp_path), "--format", "vllm",
+                  "--write-checkpoint", link)
+    assert "--write-checkpoint" in msg and "is a symbolic link" in msg and "pass a new directory path" in msg
+    assert os.path.islink(link) and os.readlink(link) == str(target)
+    assert not target.exists() or os.listdir(target) == []
+
+
+# --------------------------------------------------------------------------- issue 24: empty values, wrong kinds
+
+
+@pytest.mark.parametrize("flag", ["--schemes", "--k-schemes", "--v-schemes", "--layers"])
+@pytest.mark.parametrize("value", ["", ",", " , "])
+def test_empty_profile_lists(capsys, tiny_model_dir, tmp_path, flag, value):
+    """--k-schemes '' ran the full default menu."""
+    argv = [a for a in FAST if a not in ("--schemes", "fp8_e4m3")]
+    msg = cli_error(capsys, "profile", "--model", tiny_model_dir, *argv, flag, value, "--out", tmp_path / "out")
+    assert f"{flag} is empty" in msg and f"leave {flag} out" in msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_validate_windows_zero(capsys, short_model, tmp_path):
+    """validate --windows 0 ran the default number, while profile --windows 0 is refused."""
+    _, plan = short_model
+    msg = cli_error(capsys, "validate", plan, "--windows", "0", "--device", "cpu", "--out", tmp_path / "v.csv")
+    assert "--windows 0 is too few" in msg
+    assert not (tmp_path / "v.csv").exists()
+
+
+def test_sweep_windows_zero(capsys, good_profile, tmp_path):
+    msg = cli_error(capsys, "sweep", good_profile, "--avg-bits", "8", "--validate", "--windows", "0",
+                    "--out", tmp_path / "s")
+    assert "--windows 0 is too few" in msg
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("value,why", [("nan", "is not a finite number"), ("inf", "is not a finite number"),
+                                       ("-1", "is negative")])
+def test_plan_robust_not_a_finite_multiple(capsys, good_profile, tmp_path, value, why):
+    """--robust nan blamed the profile (a NaN cost); the argument is what is wrong."""
+    msg = cli_error(capsys, "plan", good_profile, "--avg-bits", "8", "--robust", value, "--out", tmp_path / "p.json")
+    assert f"--robust {value} {why}" in msg and "profile" not in msg
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"\x89PNG\r\n\x1a\n\x00\x00", b"   \n", b"\xff\xfe\x00garbage"])
+def test_empty_or_binary_plan_file(capsys, tmp_path, content):
+    """An empty or binary plan file said to re-run `sensprof profile`."""
+    path = tmp_path / "plan.json"
+    path.write_bytes(content)
+    for argv in (["export", path, "--format", "vllm"], ["validate", path, "--device", "cpu"],
+                 ["generate", "--plan", path, "--prompt", "hi", "--device", "cpu"]):
+        msg = cli_error(capsys, *argv)
+        assert "is not a sensprof plan" in msg and "sensprof plan" in msg and "sensprof profile" not in msg, msg
+
+
+def test_file_where_a_folder_goes_and_the_reverse(capsys, good_profile, tmp_path):
+    """Each said "does not exist"."""
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("x")
+    for argv, expect in ((["summary", a_file], "is a file, not a folder"),
+                         (["plan", a_file, "--avg-bits", "8", "--out", tmp_path / "p.json"], "is a file, not a folder"),
+                         (["merge", good_profile, a_file, "--out", tmp_path / "m"], "is a file, not a folder"),
+                         (["report", good_profile, "--sweep", a_file, "--out", tmp_path / "r"],
+                          "is a file, not a folder"),
+                         (["export", tmp_path, "--format", "vllm"], "is a folder, not a plan file"),
+                         (["validate", tmp_path, "--device", "cpu"], "is a folder, not a plan file"),
+                         (["profile", "--text", tmp_path, *FAST, "--out", tmp_path / "o"], "is a folder, not a file")):
+        msg = cli_error(capsys, *argv)
+        assert expect in msg and "does not exist" not in msg, (argv, msg)
+    assert not (tmp_path / "m").exists() and not (tmp_path / "r").exists()

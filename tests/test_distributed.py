@@ -172,3 +172,120 @@ def test_a_loaded_model_cannot_go_to_ray(tiny_tokenizer):
 
     with pytest.raises(SensprofError, match="pass a model id, path or alias, not a loaded model"):
         api.profile(make_tiny_model("llama"), tokenizer=tiny_tokenizer, ray=True, **RUN)
+
+
+# ---------------------------------------------------------------- a cluster sensprof started dies with it (issue 24)
+
+
+def _gone(pids, within_s=60.0) -> list[int]:
+    """The pids still running (zombies count as gone) after waiting up to `within_s` for them to end."""
+    import time
+
+    psutil = pytest.importorskip("psutil")
+
+    def alive(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    deadline = time.monotonic() + within_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [p for p in pids if alive(p)]
+
+
+# A driver that starts a process tree which ignores SIGTERM (as Ray's agents did), shares its fate, says the pids.
+FATE_DRIVER = """
+import subprocess, sys, time
+from sensprof.distributed import fate_share
+stubborn = "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \\
+           "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, " \\
+           "signal.SIG_IGN); time.sleep(600)']); time.sleep(600)"
+p = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True)
+time.sleep(0.5)
+import psutil
+kids = psutil.Process(p.pid).children(recursive=True)
+while not kids:
+    time.sleep(0.1)
+    kids = psutil.Process(p.pid).children(recursive=True)
+fate_share([p.pid])
+print(p.pid, *[k.pid for k in kids], flush=True)
+time.sleep(600)
+"""
+
+
+def test_processes_sharing_the_drivers_fate_die_with_a_kill_9():
+    import signal
+
+    pytest.importorskip("psutil")
+    driver = subprocess.Popen([sys.executable, "-c", FATE_DRIVER], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in driver.stdout.readline().split()]
+        assert len(pids) == 2
+        assert _gone(pids, within_s=0) == pids  # alive while the driver lives
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=60)
+        assert _gone(pids) == []
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        driver.stdout.close()
+
+
+# `sensprof profile --ray` that stops once its cluster's workers are up and says the pids of the Ray processes (the
+# ones `ray.init` started and everything below them: the raylet's agents and the worker).
+RAY_DRIVER = """
+import os, sys, time
+import psutil
+import ray
+import sensprof.distributed as d
+
+def profile(self, *a, **k):
+    node = ray._private.worker._global_node
+    procs = [psutil.Process(i.process.pid) for infos in node.all_processes.values() for i in infos]
+    pids = {p.pid for q in procs for p in [q, *q.children(recursive=True)]}
+    print("PIDS", *sorted(pids), flush=True)
+    time.sleep(600)
+
+d.RayProfiler.profile = profile
+from sensprof.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_kill_9_of_profile_ray_leaves_no_ray_running(tiny_model_dir, tmp_path):
+    """The local cluster `profile --ray` started (dashboard and runtime-env agents, ~216 MB) stayed alive,
+    parented to PID 1, after the driver was killed. The Ray processes are stopped (SIGSTOP) before the kill, so
+    none can end on its own: each must be killed because the driver died."""
+    import signal
+
+    pytest.importorskip("ray")
+    driver = subprocess.Popen([sys.executable, "-c", RAY_DRIVER, "profile", "--model", tiny_model_dir, "--schemes",
+                               "int4_c32", "--seq-len", "32", "--ray", "--ray-workers", "1", "--quiet", "--out",
+                               str(tmp_path / "p")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    pids = []
+    try:
+        line = ""
+        for line in driver.stdout:
+            if line.startswith("PIDS"):
+                break
+        pids = [int(x) for x in line.split()[1:]]
+        assert len(pids) >= 5, line  # gcs, raylet, its agents, the worker, ...
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=60)
+        assert _gone(pids, within_s=120) == []
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        driver.stdout.close()
+        for pid in pids:  # whatever is left of a failed run: never leak a stopped cluster
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

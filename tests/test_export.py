@@ -572,3 +572,71 @@ def test_export_with_the_profiled_model(fp8_plan, tiny_model_dir, capsys):
     assert rc == 0, err
     assert parse_vllm(out, model=tiny_model_dir).kv_cache_dtype == "fp8_e4m3"
     assert "add --write-checkpoint DIR" in out  # calibrated scales: the hint is printed
+
+
+# --------------------------------------------------------------------------- issue 24: one export per checkpoint
+
+
+def test_a_killed_exports_temp_folder_is_removed_by_the_next_export(fp8_plan, capsys, monkeypatch):
+    """kill -9 during --write-checkpoint left a .tmp-checkpoint-* folder (237 MB for the default model) that the
+    next export kept; the next export into that checkpoint now removes it (and only its own)."""
+    import sensprof.export.checkpoint as ckpt_mod
+
+    root, ckpt = fp8_plan.root, fp8_plan.root / "killed-ckpt"
+    other = root / ".tmp-checkpoint-another-ckpt.abcd1234"  # a running export into another checkpoint: kept
+    other.mkdir()
+
+    def killed(*a, **k):  # a kill -9 after the weights are saved: no cleanup runs
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt_mod, "add_scales", killed)
+    monkeypatch.setattr(ckpt_mod.shutil, "rmtree", lambda *a, **k: None)
+    assert run_cli(capsys, "export", fp8_plan.path, "--format", "vllm", "--write-checkpoint", ckpt)[0] == 130
+    monkeypatch.undo()
+    left = [n for n in os.listdir(root) if n.startswith(".tmp-checkpoint-killed-ckpt.")]
+    assert len(left) == 1 and any(f.endswith(".safetensors") for f in os.listdir(root / left[0]))
+    assert not ckpt.exists()
+
+    rc, out, err = run_cli(capsys, "export", fp8_plan.path, "--format", "vllm", "--write-checkpoint", ckpt)
+    assert rc == 0, err
+    assert not [n for n in os.listdir(root) if n.startswith(".tmp-checkpoint-killed-ckpt")]
+    assert other.is_dir()
+    assert SCALES_FILE in os.listdir(ckpt)
+    assert not [n for n in os.listdir(root) if n.endswith(".sensprof.lock")]
+
+
+def test_a_second_export_into_a_checkpoint_being_written_is_refused(fp8_plan, capsys, monkeypatch):
+    import sensprof.export.checkpoint as ckpt_mod
+
+    ckpt, seen = fp8_plan.root / "busy-ckpt", []
+    real = ckpt_mod.add_scales
+
+    def second_export(*a, **k):
+        seen.append(main(["export", fp8_plan.path, "--format", "vllm", "--write-checkpoint", str(ckpt)]))
+        return real(*a, **k)
+
+    monkeypatch.setattr(ckpt_mod, "add_scales", second_export)
+    rc, out, err = run_cli(capsys, "export", fp8_plan.path, "--format", "vllm", "--write-checkpoint", ckpt)
+    assert rc == 0 and seen == [2]
+    errors = [ln for ln in err.splitlines() if ln.startswith("sensprof: error:")]
+    assert len(errors) == 1 and "Traceback" not in err
+    assert f"--write-checkpoint {str(ckpt)!r} is being written by another sensprof run (pid {os.getpid()}" in errors[0]
+    assert SCALES_FILE in os.listdir(ckpt)
+
+
+def test_full_disk_while_writing_a_checkpoint(fp8_plan, capsys, monkeypatch):
+    import errno
+
+    import sensprof.export.checkpoint as ckpt_mod
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ckpt_mod, "add_scales", full)
+    ckpt = fp8_plan.root / "full-ckpt"
+    rc, out, err = run_cli(capsys, "export", fp8_plan.path, "--format", "vllm", "--write-checkpoint", ckpt)
+    errors = [ln for ln in err.splitlines() if ln.startswith("sensprof: error:")]  # after transformers' save bar
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert "no space left writing" in errors[0] and str(ckpt) in errors[0]
+    assert not ckpt.exists()
+    assert not [n for n in os.listdir(fp8_plan.root) if n.startswith(".tmp-checkpoint-full-ckpt")]

@@ -178,6 +178,36 @@ def test_replay_from_restores_forward_on_exception(tiny_ids):
         assert torch.equal(model(input_ids=tiny_ids, use_cache=False).logits, ref)
 
 
+def test_replay_from_ctrl_c_between_saving_and_replacing_a_forward(tiny_ids):
+    """A KeyboardInterrupt while the layers' forwards are being replaced (layer 0's done, layer 1's saved) gave an
+    AttributeError from the restore, and layers left skipped; now the interrupt comes through and every layer
+    computes again."""
+    model = make_tiny_model("llama")
+    outputs: dict = {}
+    layers = decoder_layers(model)
+    with torch.no_grad():
+        with record_layer_outputs(model, outputs):
+            ref = model(input_ids=tiny_ids, use_cache=False).logits
+        cls, fired = type(layers[1]), []
+
+        class CtrlC(cls):
+            def __setattr__(self, name, value):
+                if name == "forward" and not fired:
+                    fired.append(name)
+                    raise KeyboardInterrupt
+                super().__setattr__(name, value)
+
+        layers[1].__class__ = CtrlC
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                with replay_from(model, 3, outputs):
+                    pytest.fail("the block ran although the forwards were not all replaced")
+        finally:
+            layers[1].__class__ = cls
+        assert fired and all("forward" not in layer.__dict__ for layer in layers)
+        assert torch.equal(model(input_ids=tiny_ids, use_cache=False).logits, ref)
+
+
 # ---------------------------------------------------------------- StatsTap sees what the cache stores
 
 

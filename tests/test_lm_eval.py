@@ -6,6 +6,7 @@ local JSONL files, on tiny random models (and the default model, marked slow).""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 
@@ -166,6 +167,52 @@ def test_generation_through_the_cache(model, tiny_tokenizer):
     assert low.stats.caches == len(GEN) and 0 < low.stats.bytes_per_token() < lm.stats.bytes_per_token() / 4
 
 
+def _long_request(n: int, cont: int = 5):
+    ids = [3 + i % 300 for i in range(n)]
+    return ids[:-cont], ids[-cont:]
+
+
+def test_loglikelihood_request_longer_than_the_models_positions_is_refused(model, tiny_tokenizer):
+    """lm-eval cut such requests from the left silently (a pass key cut off: every configuration scored 0)."""
+    lm = _lm(model, tiny_tokenizer, ("int4_c32", "int4_t32"))
+    assert lm.max_length == 512  # the tiny Llama's positions
+    ctx, cont = _long_request(600)
+    with pytest.raises(SensprofError, match="request of 599 tokens is longer than the 512 the model takes.*cut 87 "
+                                            "tokens.*--lm-eval-truncate"):
+        lm._loglikelihood_tokens([(None, ctx, cont)], disable_tqdm=True)
+    assert lm.stats.caches == 0  # the long request ran nothing
+    ctx, cont = _long_request(513)  # 512 tokens in, the last scored: fits
+    assert len(lm._loglikelihood_tokens([(None, ctx, cont)], disable_tqdm=True)) == 1
+
+
+def test_loglikelihood_request_cut_from_the_left_when_asked(model, tiny_tokenizer, caplog):
+    ctx, cont = _long_request(600)
+    cut = _lm(model, tiny_tokenizer, ("int4_c32", "int4_t32"), truncate="left")
+    with caplog.at_level(logging.WARNING, logger="sensprof.evaluate.lm_eval_model"):
+        got = cut._loglikelihood_tokens([(None, ctx, cont)], disable_tqdm=True)
+    assert "cut 87 tokens from the left of a 599-token lm-eval log-likelihood request" in caplog.text
+    plain = _lm(model, tiny_tokenizer, ("int4_c32", "int4_t32"))
+    assert got == plain._loglikelihood_tokens([(None, ctx[87:], cont)], disable_tqdm=True)  # what was scored
+    with pytest.raises(SensprofError, match="truncate='right' is not 'left'"):
+        _lm(model, tiny_tokenizer, ("none", "none"), truncate="right")
+
+
+def test_generation_request_longer_than_the_models_positions(model, tiny_tokenizer, caplog):
+    from sensprof.data import builtin_corpus
+
+    prompt = builtin_corpus()[:3000]
+    assert len(tiny_tokenizer(prompt)["input_ids"]) > 512
+    req = [Instance("generate_until", {}, (prompt, {"until": ["\n\n"], "max_gen_toks": 4, "do_sample": False}), 0)]
+    lm = _lm(model, tiny_tokenizer, ("int4_c32", "int4_t32"), chunk=128)
+    with pytest.raises(SensprofError, match="generation \\(context plus the tokens to generate\\) request of .* "
+                                            "longer than the 512"):
+        lm.generate_until(req, disable_tqdm=True)
+    cut = _lm(model, tiny_tokenizer, ("int4_c32", "int4_t32"), chunk=128, truncate="left")
+    with caplog.at_level(logging.WARNING, logger="sensprof.evaluate.lm_eval_model"):
+        assert len(cut.generate_until(req, disable_tqdm=True)) == 1
+    assert "tokens from the left of a" in caplog.text and "generation" in caplog.text
+
+
 def test_custom_offline_tasks_run_through_lm_eval(model, tiny_tokenizer, tasks_dir):
     lm = _lm(model, tiny_tokenizer, ("int4_c32", "int4_t32"))
     tm = TaskManager(include_path=tasks_dir, include_defaults=False)
@@ -179,7 +226,8 @@ def test_custom_offline_tasks_run_through_lm_eval(model, tiny_tokenizer, tasks_d
 def test_the_builtin_corpus_tasks_run_offline(model, tiny_tokenizer, tmp_path, capsys):
     from sensprof.evaluate.lm_eval_tasks import main as write_tasks_cli
 
-    assert write_tasks_cli([str(tmp_path), "--docs", "3", "--chars", "600"]) == 0
+    # 400 characters: prompts the tiny Llama's 512 positions hold (600 were cut by lm-eval, the key with them)
+    assert write_tasks_cli([str(tmp_path), "--docs", "3", "--chars", "400"]) == 0
     rows = [json.loads(ln) for ln in open(tmp_path / "sp_passkey.jsonl")]
     assert len(rows) == 3 and all(f"The pass key is {r['answer']}." in r["prompt"] for r in rows)
     assert [r["depth"] for r in rows] == [0.1, 0.5, 0.9]
@@ -263,6 +311,7 @@ def test_lm_eval_missing_names_the_extra(capsys, dir_plan, monkeypatch, lm_eval_
 @pytest.mark.parametrize("argv,expect", [
     (["--lm-eval-tasks", "sp_mc,gsm8kk"], "unknown lm-eval task 'gsm8kk'; did you mean gsm8k"),
     (["--lm-eval-tasks", " , "], "--lm-eval-tasks needs at least one task"),
+    (["--lm-eval-tasks", ""], "--lm-eval-tasks needs at least one task"),  # ran the retrieval task instead
     (["--lm-eval-tasks", "sp_mc", "--lm-eval-limit", "0"], "--lm-eval-limit 0"),
     (["--lm-eval-tasks", "sp_mc", "--num-fewshot", "-1"], "--num-fewshot -1 is negative"),
     (["--lm-eval-tasks", "sp_mc", "--lm-eval-include", "/nonexistent/tasks"], "is not a directory"),

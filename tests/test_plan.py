@@ -306,8 +306,8 @@ def test_malformed_plan_is_refused(tmp_path, plan_json, mutate):
 def test_missing_plan_file_is_refused(tmp_path):
     with pytest.raises(SensprofError, match="does not exist"):
         load_plan(str(tmp_path / "nope.json"))
-    with pytest.raises(SensprofError, match="does not exist"):
-        load_plan(str(tmp_path))  # a directory
+    with pytest.raises(SensprofError, match="is a folder, not a plan file"):
+        load_plan(str(tmp_path))  # a directory: said so, not "does not exist" (issue 24)
 
 
 def test_plan_from_json_rejects_non_dict():

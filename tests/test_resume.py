@@ -427,3 +427,153 @@ def test_atomic_writes_get_the_mode_a_plain_open_would(tmp_path):
     for name in ("a.txt", "b.png"):
         assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o644
     assert sorted(os.listdir(tmp_path)) == ["a.txt", "b.png"]  # no temp files left
+
+
+# ---------------------------------------------------------------- (f) one writer per output folder (issue 24)
+
+
+FAST = ["--device", "cpu", "--seq-len", "32", "--windows", "2", "--schemes", "fp8_e4m3", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(tmp_path_factory, tiny_tokenizer):
+    """Another tiny Llama (other weights, 2 layers): the model a careless second run profiles into the same --out."""
+    cfg, cls = tiny_config("llama")
+    cfg.num_hidden_layers = 2
+    torch.manual_seed(1)
+    d = tmp_path_factory.mktemp("other-llama")
+    cls(cfg).eval().save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    return str(d)
+
+
+def _run_while_locked(monkeypatch, module, name, argv, seen):
+    """Patch module.name so that, the first time the running command calls it (holding its folder's lock), a
+    second command `argv` runs in this process; its exit code goes to `seen`."""
+    from sensprof.cli import main
+
+    real = getattr(module, name)
+
+    def wrapper(*a, **k):
+        if not seen:
+            seen.append(main([str(x) for x in argv]))
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, name, wrapper)
+
+
+def _the_error(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("sensprof: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_second_profile_into_a_folder_being_written_is_refused(monkeypatch, capsys, tiny_model_dir, other_model_dir,
+                                                               tmp_path):
+    """Two runs with different models into one --out both said `wrote DIR/`; the folder held one profile."""
+    from sensprof.cli import main
+
+    out, seen = tmp_path / "p", []
+    _run_while_locked(monkeypatch, profile_mod.PartsStore, "add", ["profile", "--model", other_model_dir, *FAST,
+                                                                   "--out", out], seen)
+    assert main(["profile", "--model", tiny_model_dir, *FAST, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert seen == [2]
+    line = _the_error(err)
+    assert f"--out {str(out)!r} is being written by another sensprof run (pid {os.getpid()}: sensprof" in line
+    assert "wait for it to finish, or pass another --out" in line
+    prof = load_profile(str(out), require_complete=True)  # the first run's profile, whole
+    assert len(prof.meta["layers"]) == 3 and prof.meta["model"]["id"] == tiny_model_dir
+    assert ".sensprof.lock" not in os.listdir(out)
+
+
+@pytest.mark.parametrize("command", ["merge", "sweep", "report"])
+def test_second_merge_sweep_report_into_a_folder_being_written_is_refused(monkeypatch, capsys, tiny_model_dir,
+                                                                         tmp_path, command):
+    import sensprof.report as report_mod
+    import sensprof.sweep as sweep_mod
+    import sensprof.table as table_mod
+    from sensprof.cli import main
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    for d, layers in ((a, "0"), (b, "1-2")):
+        assert main(["profile", "--model", tiny_model_dir, *FAST, "--layers", layers, "--out", d]) == 0
+    full = str(tmp_path / "full")
+    assert main(["merge", a, b, "--out", full]) == 0
+    out = tmp_path / "out"
+    argv, (module, name) = {
+        "merge": (["merge", a, b, "--out", out], (table_mod, "write_tables")),
+        "sweep": (["sweep", full, "--avg-bits", "8,16", "--out", out], (sweep_mod, "make_plan")),
+        "report": (["report", full, "--out", out], (report_mod, "atomic_write_text")),
+    }[command]
+    seen = []
+    _run_while_locked(monkeypatch, module, name, argv, seen)
+    capsys.readouterr()
+    assert main([str(x) for x in argv]) == 0
+    assert seen == [2]
+    assert "is being written by another sensprof run (pid" in _the_error(capsys.readouterr().err)
+    assert ".sensprof.lock" not in os.listdir(out)
+
+
+# Holds --out's lock as a running profile does, says so, and waits to be killed.
+HOLD_LOCK = """
+import sys, time
+from sensprof.files import output_lock
+with output_lock(sys.argv[1]):
+    print("LOCKED", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_kill_9_leaves_no_stale_lock(capsys, tiny_model_dir, tmp_path):
+    """The kernel drops the lock of a killed run: the folder is refused while the holder lives (naming it), and
+    the next run after a kill -9 goes ahead."""
+    from sensprof.cli import main
+
+    out = tmp_path / "p"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], env=_cli_env(), stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"LOCKED"
+        assert main(["profile", "--model", tiny_model_dir, *FAST, "--out", str(out)]) == 2
+        line = _the_error(capsys.readouterr().err)
+        assert f"is being written by another sensprof run (pid {holder.pid}: sensprof " in line
+        holder.send_signal(signal.SIGKILL)
+        assert holder.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        holder.stdout.close()
+    assert os.path.exists(out / ".sensprof.lock")  # left by the kill: taken over, not obeyed
+    assert main(["profile", "--model", tiny_model_dir, *FAST, "--out", str(out)]) == 0
+    assert load_profile(str(out), require_complete=True).meta["complete"]
+    assert ".sensprof.lock" not in os.listdir(out)
+
+
+def test_sigterm_ends_a_profile_as_ctrl_c_does(tiny_model_dir, tmp_path):
+    """SIGTERM runs the cleanups (the lock, temporary files) and the same command resumes."""
+    out = str(tmp_path / "p")
+    args = ["profile", "--model", tiny_model_dir, *FAST, "--out", out]
+    proc = subprocess.Popen([sys.executable, "-c", STOP_AFTER_PART, *args], cwd=tmp_path,
+                            env={**_cli_env(), "STOP_AFTER_LAYER": "0"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.strip() == "PART WRITTEN":
+                break
+        assert os.path.exists(os.path.join(out, ".sensprof.lock"))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert "Traceback" not in err and "interrupted; run the same command again to resume" in err
+    assert ".sensprof.lock" not in os.listdir(out) and not [n for n in os.listdir(out) if n.startswith(".tmp-")]
+    r = subprocess.run([sys.executable, "-m", "sensprof", *args], cwd=tmp_path, env=_cli_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert load_profile(out, require_complete=True).meta["layers_done"] == [0, 1, 2]

@@ -217,9 +217,10 @@ def test_validation_windows_take_exactly_the_free_slots(tmp_path, tiny_tokenizer
     assert n_slots >= 5
     path = tmp_path / "text.txt"
     path.write_text(text)
-    profiled, _, _, slots = select_windows(tiny_tokenizer, [str(path)], seq, n_slots - 2, seed=0)
+    profiled, _, digest, slots = select_windows(tiny_tokenizer, [str(path)], seq, n_slots - 2, seed=0)
     plan = types.SimpleNamespace(profile=types.SimpleNamespace(
-        settings={"seq_len": seq, "windows": n_slots - 2, "seed": 0}, window_slots=slots, text_files=[str(path)]))
+        settings={"seq_len": seq, "windows": n_slots - 2, "seed": 0, "text_digest": digest}, window_slots=slots,
+        text_files=[str(path)]))
     ids = validation_windows(plan, tiny_tokenizer, 2, None)
     free = sorted(set(range(n_slots)) - set(slots))
     prefix = bos_prefix(tiny_tokenizer)
@@ -230,6 +231,67 @@ def test_validation_windows_take_exactly_the_free_slots(tmp_path, tiny_tokenizer
     # (all but two slots profiled) leaves too few
     with pytest.raises(SensprofError, match="free windows of 20 tokens"):
         validation_windows(plan, tiny_tokenizer, 3, seq + 4)
+
+
+@pytest.fixture(scope="module")
+def text_run(tiny_model_dir, tmp_path_factory, _one_thread):
+    """A profile of the tiny Llama on a text file, and a plan from it."""
+    root = tmp_path_factory.mktemp("validate-text")
+    text = root / "corpus.txt"
+    text.write_text(builtin_corpus()[:60_000])
+    prof, plan = root / "profile", root / "plan.json"
+    assert main(["profile", "--model", tiny_model_dir, "--text", str(text), "--seq-len", "32", "--windows", "2",
+                 "--schemes", "fp8_e4m3,int4_c32", "--out", str(prof), "--device", "cpu", "--quiet"]) == 0
+    assert main(["plan", str(prof), "--avg-bits", "8", "--out", str(plan)]) == 0
+    return types.SimpleNamespace(root=root, text=text, profile=str(prof), plan=str(plan))
+
+
+def _edited_plan(run, tmp_path, **profile_changes):
+    import json
+
+    obj = json.loads(open(run.plan).read())
+    obj["profile"].update(profile_changes)
+    obj["profile"]["path"] = os.path.abspath(run.profile)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def test_validate_reads_only_the_text_the_plan_was_profiled_on(text_run, tmp_path, capsys):
+    """profile.text_files edited to another file was read, and its "unseen windows" drawn from it."""
+    rc, out, err = run_cli(capsys, "validate", text_run.plan, "--device", "cpu", "--seq-len", "32",
+                           "--out", tmp_path / "ok.csv")
+    assert rc == 0, err  # the plan as written validates
+    other = tmp_path / "other.txt"
+    other.write_text(text_run.text.read_text().replace("the", "teh"))
+    for files, expect in (([str(other)], "is not the text that was profiled"),
+                          ([str(tmp_path / "gone.txt")], "is not there"),
+                          (None, "is not the text that was profiled")):  # the built-in corpus instead
+        msg = one_error_line(*run_cli(capsys, "validate", _edited_plan(text_run, tmp_path, text_files=files),
+                                      "--device", "cpu", "--out", tmp_path / "v.csv"))
+        assert expect in msg and "re-profile and re-plan" in msg, msg
+        assert not (tmp_path / "v.csv").exists()
+
+
+def test_plan_beside_another_models_profile_does_not_predict_from_it(text_run, tmp_path, tiny_tokenizer, capsys):
+    """A plan copied next to another model's profile (its relative path now leads there) predicted from it."""
+    import json
+    import shutil
+
+    other = tmp_path / "other-model"
+    make_tiny_model("llama", seed=1).save_pretrained(other)
+    tiny_tokenizer.save_pretrained(other)
+    assert main(["profile", "--model", str(other), "--text", str(text_run.text), "--seq-len", "32", "--windows", "2",
+                 "--schemes", "fp8_e4m3,int4_c32", "--out", str(tmp_path / "profile"), "--device", "cpu",
+                 "--quiet"]) == 0
+    copied = tmp_path / "plan.json"
+    shutil.copy(text_run.plan, copied)
+    assert json.loads(copied.read_text())["profile"]["path"] == "profile"  # relative: now the other model's
+    msg = one_error_line(*run_cli(capsys, "validate", copied, "--device", "cpu", "--seq-len", "32",
+                                  "--out", tmp_path / "v.csv"))
+    assert "is not the profile it was made from" in msg and "model fingerprint" in msg
+    assert load_plan(text_run.plan).model_fingerprint in msg
+    assert not (tmp_path / "v.csv").exists()
 
 
 def test_validate_refuses_another_model(cli_run, tmp_path, tiny_tokenizer, capsys):

@@ -58,11 +58,13 @@ class SensprofLM(HFLM):
     `pretrained`: a hub id, directory, .gguf or alias (default: the plan's model), loaded as sensprof loads it
     and refused unless it is the model the plan was made for; or a loaded model with `tokenizer=`.
     `plan`: a plan path or a `Plan`. `chunk`: tokens per prefill forward. `kernels`: as `PlannedCache.from_plan`.
+    A request longer than the model's positions (`max_length`) is refused; `truncate=left` (opt-in) cuts it from
+    the left instead, with a warning that says how many tokens were cut.
     """
 
     def __init__(self, pretrained=None, plan=None, tokenizer=None, chunk: int = 512, kernels: str = "auto",
                  device: str | None = None, dtype: str | None = None, device_map: str | None = None,
-                 trust_remote_code: bool = False, batch_size=1, **kwargs):
+                 trust_remote_code: bool = False, batch_size=1, truncate=None, **kwargs):
         from ..models import load_for_plan
 
         plan = _load_plan(plan)
@@ -81,6 +83,10 @@ class SensprofLM(HFLM):
         with quiet_lm_eval("lm_eval.models.huggingface"):  # not its warnings that a loaded model skips loading
             super().__init__(pretrained=pretrained, tokenizer=tokenizer, batch_size=1, **kwargs)
         self.plan, self.chunk, self.kernels = plan, int(chunk), kernels
+        if truncate not in (None, False, "", "none", "left", True):
+            raise SensprofError(f"truncate={truncate!r} is not 'left'; pass truncate=left to cut long requests "
+                                "from the left, or leave it out to refuse them")
+        self.truncate = truncate in ("left", True)
         self.stats = CacheStats()
         self.new_cache(check_model=True)  # a plan for another model or an unstorable scheme fails here, once
 
@@ -97,6 +103,7 @@ class SensprofLM(HFLM):
     @torch.inference_mode()
     def score(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
         """(summed log-probability of the continuation, whether greedy decoding gives it), through a fresh cache."""
+        self.check_length(len(context) + len(continuation) - 1, self.max_length, "log-likelihood")
         inp = (context + continuation)[-(self.max_length + 1):][:-1]
         split = len(inp) - len(continuation)  # the context part is prefilled; the rest scores the continuation
         ids = torch.tensor([inp], dtype=torch.long, device=self.input_device)
@@ -118,6 +125,25 @@ class SensprofLM(HFLM):
             if request_str is not None:  # loglikelihood_rolling's windows have none: it caches per document
                 self.cache_hook.add_partial("loglikelihood", request_str, answer)
         return res
+
+    def check_length(self, n: int, limit: int, what: str) -> None:
+        """A request of n tokens where the model takes `limit`: refused, or with truncate=left cut (and said)."""
+        if n <= limit:
+            return
+        if not self.truncate:
+            raise SensprofError(
+                f"an lm-eval {what} request of {n} tokens is longer than the {limit} the model takes (its "
+                f"max_length); lm-eval would cut {n - limit} tokens off its start: use tasks or --num-fewshot that "
+                "fit, or pass --lm-eval-truncate (lm_eval: truncate=left) to cut them with a warning")
+        log.warning("sensprof: cut %d tokens from the left of a %d-token lm-eval %s request (the model takes %d)",
+                    n - limit, n, what, limit)
+
+    def tok_batch_encode(self, strings, padding_side="left", left_truncate_len=None, truncation=False):
+        if left_truncate_len:  # generation: the context must leave room for the tokens to generate
+            n = super().tok_batch_encode(strings, padding_side, None, truncation)[0].shape[1]
+            self.check_length(n + self.max_length - left_truncate_len, self.max_length,
+                              "generation (context plus the tokens to generate)")
+        return super().tok_batch_encode(strings, padding_side, left_truncate_len, truncation)
 
     @torch.inference_mode()
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs):

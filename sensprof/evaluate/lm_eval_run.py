@@ -97,7 +97,7 @@ def _number(v) -> float:
 
 def run_lm_eval(model, tokenizer, plan, tasks: list[str], tm, limit=None, num_fewshot=None, chunk: int = 512,
                 uniform: str = "auto", kernels: str = "auto", progress: Callable[[str], None] | None = None,
-                quiet: bool = True):
+                quiet: bool = True, truncate: bool = False):
     """Every configuration of `eval_configs` (baseline, plan, uniform of equal memory) through lm-eval.
 
     Returns a DataFrame (COLUMNS): one row per configuration x task x metric x filter; `cache_bytes_per_token`
@@ -117,7 +117,7 @@ def run_lm_eval(model, tokenizer, plan, tasks: list[str], tm, limit=None, num_fe
         quiet_output = contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext()
         with quiet_lm_eval(), quiet_output:
             lm = SensprofLM(pretrained=model, tokenizer=tokenizer, plan=dataclasses.replace(plan, layers=layers),
-                            chunk=chunk, kernels=kernels)
+                            chunk=chunk, kernels=kernels, truncate="left" if truncate else None)
             results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=limit,
                                               num_fewshot=num_fewshot, log_samples=False)
         seconds = time.perf_counter() - t0

@@ -39,8 +39,9 @@ class ExportOptions:
 
         if self.format not in FORMATS:
             raise SensprofError(f"unknown --format {self.format!r}; choose one of {', '.join(FORMATS)}")
-        if self.gpu_mem_gib is not None and not self.gpu_mem_gib > 0:
-            raise SensprofError(f"--gpu-mem-gib must be positive, got {self.gpu_mem_gib}")
+        if self.gpu_mem_gib is not None and not 0 < self.gpu_mem_gib < float("inf"):
+            raise SensprofError(f"--gpu-mem-gib must be positive and finite, got {self.gpu_mem_gib:g}; pass the GiB "
+                                "of KV cache, e.g. 80")
         sglang.check_tp(self.tp)
         if self.tp != 1 and self.format != "sglang":
             raise SensprofError("--tp is for --format sglang (its scales file is keyed by TP rank)")

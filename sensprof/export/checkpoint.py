@@ -84,10 +84,27 @@ def check_checkpoint_dir(out_dir: str) -> None:
     """--write-checkpoint must name a new or empty directory in a writable place (checked before loading)."""
     from ..files import check_writable
 
+    if os.path.islink(out_dir):  # to a folder or dangling: the checkpoint would land wherever it points
+        raise SensprofError(f"--write-checkpoint {out_dir!r} is a symbolic link; pass a new directory path")
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         what = "is an existing file" if not os.path.isdir(out_dir) else "exists and is not an empty directory"
         raise SensprofError(f"--write-checkpoint {out_dir!r} {what}; pass a new directory path")
     check_writable(out_dir, "--write-checkpoint")
+
+
+TMP_PREFIX = ".tmp-checkpoint-"  # + the checkpoint's name + "." + mkdtemp's 8 characters, beside the checkpoint
+
+
+def remove_killed_exports(parent: str, name: str) -> None:
+    """Delete the temporary folders earlier exports into `name` left when they were killed (kill -9 runs no
+    cleanup). Called holding that checkpoint's lock, so none of them belongs to a running export."""
+    import re
+
+    own = re.compile(re.escape(TMP_PREFIX + name) + r"\.[a-z0-9_]{8}")
+    for entry in os.listdir(parent):
+        path = os.path.join(parent, entry)
+        if own.fullmatch(entry) and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str, dtype=None, scales: bool | None = None) -> str:
@@ -96,26 +113,34 @@ def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str, dtype=None, sca
     --engine` writes float32, the weights sensprof measured. `scales` (default: has_scales(plan)) adds the KV scales."""
     import torch
 
+    from ..files import output_lock, write_error
+
     dtype = dtype or torch.bfloat16
     check_checkpoint_dir(out_dir)
     parent = os.path.dirname(os.path.abspath(out_dir))
+    name = os.path.basename(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-checkpoint-")
-    try:
-        if model.dtype != dtype:
-            model = model.to(dtype)
-        with _plain_model(model):
-            model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        if has_scales(plan) if scales is None else scales:
-            add_scales(plan, model, tmp)
-        if os.path.exists(out_dir):
-            os.rmdir(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with output_lock(out_dir, "--write-checkpoint", os.path.join(parent, f".{name}.sensprof.lock")):
+        check_checkpoint_dir(out_dir)  # again, now that no other export can be writing it
+        remove_killed_exports(parent, name)
+        tmp = tempfile.mkdtemp(dir=parent, prefix=f"{TMP_PREFIX}{name}.")
+        try:
+            if model.dtype != dtype:
+                model = model.to(dtype)
+            with _plain_model(model):
+                model.save_pretrained(tmp, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            if has_scales(plan) if scales is None else scales:
+                add_scales(plan, model, tmp)
+            if os.path.exists(out_dir):
+                os.rmdir(out_dir)
+            os.replace(tmp, out_dir)
+        except BaseException as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, OSError):  # a full disk: nothing of the checkpoint is left behind
+                raise write_error(out_dir, e) from None
+            raise
     return out_dir
 
 

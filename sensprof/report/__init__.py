@@ -11,7 +11,7 @@ import os
 
 from .. import __version__
 from ..errors import SensprofError
-from ..files import atomic_write_bytes, atomic_write_text, check_writable, safe_name
+from ..files import atomic_write_bytes, atomic_write_text, check_writable, output_lock, safe_name
 from ..table import load_profile
 from . import data, plots
 from .html import Section, Table, page
@@ -255,17 +255,18 @@ def write_report(profile_dir: str, out_dir: str, plans=(), sweeps=(), metric: st
     ]
     text = page(f"sensprof report: {meta['model']['id']}", meta_lines, sections)
     written = []
-    try:
-        for s in sections:
-            path = os.path.join(out_dir, s.image)
-            atomic_write_bytes(path, s.png)
+    with output_lock(out_dir):  # one writer per folder
+        try:
+            for s in sections:
+                path = os.path.join(out_dir, s.image)
+                atomic_write_bytes(path, s.png)
+                written.append(path)
+            path = os.path.join(out_dir, HTML_NAME)
+            atomic_write_text(path, text)
             written.append(path)
-        path = os.path.join(out_dir, HTML_NAME)
-        atomic_write_text(path, text)
-        written.append(path)
-    except OSError as e:
-        raise SensprofError(f"cannot write the report into {out_dir!r} ({e.strerror or e}); pass a writable --out") \
-            from None
+        except OSError as e:
+            raise SensprofError(f"cannot write the report into {out_dir!r} ({e.strerror or e}); pass a writable "
+                                "--out") from None
     return written
 
 

@@ -315,6 +315,9 @@ def sweep_points(sweep_dir: str, table, meta):
 
     The target and objective come from the plan files; with an objective other than KL the predicted KL is
     recomputed from the profile, so it can sit beside the measured KL."""
+    if os.path.isfile(sweep_dir):
+        raise SensprofError(f"sweep directory {sweep_dir!r} is a file, not a folder; pass the folder `sensprof "
+                            "sweep` wrote (it holds sweep.csv)")
     if not os.path.isdir(sweep_dir):
         raise SensprofError(f"sweep directory {sweep_dir!r} does not exist; write one with "
                             "`sensprof sweep PROFILE_DIR --out DIR`")
