@@ -25,7 +25,7 @@ from sensprof.schemes import get_scheme, parse_schemes
 from sensprof.table import load_profile
 from sensprof.targets import engine_dtype_for, get_target
 
-SCHEMES = ("fp8_e4m3,fp8_e4m3_cal,int8_per_token_head,int4_per_token_head,q8_0,q4_0,q4_1,"
+SCHEMES = ("fp8_e4m3,fp8_e4m3_cal,int8_per_token_head,int4_per_token_head,q8_0,q4_0,q4_1,q8_0_qq8,q4_0_qq8,q4_1_qq8,"
            "int4_c32,int4_t32,int2_c32,int2_t32")
 HEAD_DIM = 32  # tiny gemma3
 
@@ -111,8 +111,8 @@ def test_plan_respects_its_budget_and_target(plans, target):
         assert plan.engine.kv_cache_dtype == engine_dtype_for(tgt, pairs[0][0]).flag_value
     elif target == "llamacpp":
         assert len(set(pairs)) == 1
-        assert plan.engine.cache_type_k == engine_dtype_for(tgt, pairs[0][0]).flag_value
-        assert plan.engine.cache_type_v == engine_dtype_for(tgt, pairs[0][1]).flag_value
+        assert plan.engine.cache_type_k == next(d.flag_value for d in tgt.dtypes if d.k_scheme == pairs[0][0])
+        assert plan.engine.cache_type_v == next(d.flag_value for d in tgt.dtypes if d.v_scheme == pairs[0][1])
     else:
         assert plan.engine == EngineSettings()
         assert plan.predicted.damage > 0  # 6 of 16 bits: quantizing is unavoidable

@@ -176,8 +176,8 @@ def check_structure(problem, target, sol, num_skip=None):
         d = engine_dtype_for(target, k)
         assert d is not None and sol.engine.kv_cache_dtype == d.flag_value
     else:
-        assert sol.engine.cache_type_k == engine_dtype_for(target, k).flag_value
-        assert sol.engine.cache_type_v == engine_dtype_for(target, v).flag_value
+        assert sol.engine.cache_type_k == next(d.flag_value for d in target.dtypes if d.k_scheme == k)
+        assert sol.engine.cache_type_v == next(d.flag_value for d in target.dtypes if d.v_scheme == v)
 
 
 def check_against_brute_force(problem, target, budget, num_skip=None):
@@ -206,7 +206,7 @@ FREE_K = ["int8_per_token_head", "int4_c32", "int2_c32", "q4_0"]
 FREE_V = ["int8_per_token_head", "int4_t32", "int2_t32"]
 VLLM_SCHEMES = ["fp8_e4m3", "fp8_e4m3_cal", "int8_per_token_head", "int4_per_token_head", "int2_c32"]
 SGLANG_SCHEMES = ["fp8_e4m3", "fp8_e5m2", "fp8_e4m3_cal", "int4_t32"]
-LLAMA_K = ["q8_0", "q5_1", "q4_0", "int2_c32"]
+LLAMA_K = ["q8_0_qq8", "q5_1_qq8", "q4_0_qq8", "int2_c32"]  # llama.cpp keys come with their query quantized
 LLAMA_V = ["q8_0", "q5_0", "q4_1"]
 
 
@@ -278,12 +278,12 @@ def test_llamacpp_k_and_v_types_may_differ():
     layers = [{"kv_heads": 2, "head_dim": 64, "kind": "full", "window": None}] * 3
     damage = {}
     for i in range(3):
-        damage.update({(i, "K", "q8_0"): 0.001, (i, "K", "q4_0"): 0.002,
+        damage.update({(i, "K", "q8_0_qq8"): 0.001, (i, "K", "q4_0_qq8"): 0.002,
                        (i, "V", "q8_0"): 0.001, (i, "V", "q4_0"): 1.0})
-    problem = Problem(layers, damage, {"K": ["q8_0", "q4_0"], "V": ["q8_0", "q4_0"]})
+    problem = Problem(layers, damage, {"K": ["q8_0_qq8", "q4_0_qq8"], "V": ["q8_0", "q4_0"]})
     budget = Budget("avg_bits", (4.5 + 8.5) / 2)  # q4_0 = 4.5, q8_0 = 8.5 bits at head_dim 64
     sol = plan(problem, TARGETS["llamacpp"], budget)
-    assert sol.choices == [("q4_0", "q8_0")] * 3
+    assert sol.choices == [("q4_0_qq8", "q8_0")] * 3
     assert (sol.engine.cache_type_k, sol.engine.cache_type_v) == ("q4_0", "q8_0")
 
 
@@ -684,8 +684,9 @@ def test_vllm_boundary_dtype_chosen_keeps_its_layers_and_num_skip_counts_the_pla
 def test_llamacpp_cuda_default_build_restricts_pairs():
     layers = [{"kv_heads": 2, "head_dim": 64, "kind": "full", "window": None}] * 2
     names = ("q8_0", "q4_0", "q5_1")
-    damage = {(i, t, s): {"q8_0": 0.3, "q4_0": 0.5, "q5_1": 0.0}[s] for i in range(2) for t in "KV" for s in names}
-    problem = Problem(layers, damage, {"K": list(names), "V": list(names)})
+    damage = {(i, t, s + ("_qq8" if t == "K" else "")): {"q8_0": 0.3, "q4_0": 0.5, "q5_1": 0.0}[s]
+              for i in range(2) for t in "KV" for s in names}
+    problem = Problem(layers, damage, {"K": [f"{s}_qq8" for s in names], "V": list(names)})
     sol = plan(problem, get_target("llamacpp"), Budget("avg_bits", 6))
     assert (sol.engine.cache_type_k, sol.engine.cache_type_v) == ("q5_1", "q5_1")
     # A default CUDA build has no q5_1 flash attention: the best pair it runs within 6.5 bits is K q8_0 / V q4_0.

@@ -168,7 +168,7 @@ def test_engine_schemes_name_their_emulation_and_tensor():
             assert s.emulation.startswith("vllm.")
             key = f"{s.emulation}.{s.tensor}"
             assert get_emulation(key if s.tensor and name.split(".")[-1] in "KV" else s.emulation)
-        if name.endswith(".K") or name.endswith("_qfp8"):
+        if name.endswith((".K", "_qfp8", "_qq8")):
             assert s.applies_to("K") and not s.applies_to("V"), name
         elif name.endswith(".V"):
             assert s.applies_to("V") and not s.applies_to("K"), name
