@@ -2,7 +2,9 @@
 # Regenerate the example plans for smollm2-135m, each validated on windows the profile never saw, plus the report.
 #   sensprof target (any scheme per layer): 5 and 8 bits, from the default profile (profiles/smollm2-135m);
 #   vllm target (every vLLM 0.33 dtype on Hopper, vLLM's boundary layers kept): 4.5 (the least any dtype fits in), 5, 6 and 8 bits, from
-#   `sensprof profile --target vllm` (profiles/smollm2-135m-vllm).
+#   `sensprof profile --target vllm` (profiles/smollm2-135m-vllm);
+#   vllm on its CPU backend (--vllm-gpu cpu): 8 and 9 bits, each run in vLLM itself beside sensprof's emulation
+#   (`sensprof validate --engine vllm`).
 # Run from the repository root:  bash plans/make_examples.sh
 # Profiles are resumed or reused if present (~16 and ~12 min on 2 CPU cores); each validation runs at the
 # profile's length and at 4x it.
@@ -21,6 +23,15 @@ run() {  # target profile bits
 for bits in 5 8; do run sensprof "$profile" "$bits"; done
 for bits in 4.5 5 6 8; do run vllm "$vprofile" "$bits"; done
 sensprof export plans/smollm2-135m-vllm-5bits.json --format vllm > plans/smollm2-135m-vllm-5bits.vllm.txt
+# vLLM's CPU backend, which runs here: planned for it and checked in the running engine (tools/engines/install.sh)
+cprofile=profiles/smollm2-135m-vllm-cpu
+sensprof profile --model smollm2-135m --target vllm --vllm-gpu cpu --out "$cprofile" --quiet
+for bits in 8 9; do
+  plan="plans/smollm2-135m-vllm-cpu-${bits}bits.json"
+  sensprof plan "$cprofile" --target vllm --vllm-gpu cpu --avg-bits "$bits" --out "$plan" > /dev/null
+  sensprof validate "$plan" --engine vllm > "${plan%.json}.engine-vllm.txt"
+  echo "== $plan"; cat "${plan%.json}.engine-vllm.txt"
+done
 sensprof report "$profile" --plan plans/smollm2-135m-sensprof-5bits.json --out plans/report > /dev/null
 sensprof report "$vprofile" --plan plans/smollm2-135m-vllm-5bits.json --out plans/report-vllm > /dev/null
 echo "wrote plans/*.json, their .validation.csv/.txt, plans/report/ and plans/report-vllm/"

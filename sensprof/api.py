@@ -248,6 +248,8 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
         frames.append(df)
     df = pd.concat(frames, ignore_index=True)
     atomic_write_text(out, df.to_csv(index=False))
+    if engine is not None and os.path.exists(os.path.splitext(out)[0] + ".log"):
+        os.remove(os.path.splitext(out)[0] + ".log")  # the engine's output is kept only when it failed
     note = None if engine else advantage_note(df)
     if engine is not None and not df.agrees.all():
         note = (f"note: {engine} and sensprof's emulation disagree beyond the bounds (KL within "

@@ -106,7 +106,9 @@ def vllm_comments(plan: Plan, gpu_mem_gib: float, layers: list[tuple]) -> list[s
         budget = int(gpu_mem_gib * GIB)
         fit, fit16 = facts.tokens_that_fit(budget, layers), facts.tokens_that_fit(budget, unquantized)
         lines.append(f"# vLLM's KV pool (its page/block arithmetic): {per_tok:,.0f} bytes per token vs {bf16:,.0f} "
-                     f"at bf16; {fit:,} tokens fit in {gpu_mem_gib:g} GiB vs {fit16:,} at bf16")
+                     f"at bf16; {fit:,} tokens fit in {gpu_mem_gib:g} GiB vs {fit16:,} at bf16"
+                     + (f" (on the CPU backend the pool is VLLM_CPU_KVCACHE_SPACE={gpu_mem_gib:g}, in GiB)"
+                        if gpu == "cpu" else ""))
     return lines
 
 
