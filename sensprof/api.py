@@ -28,7 +28,8 @@ def _model_options(model=None, device="auto", dtype=None, device_map=None, trust
 def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None, target=None, vllm_gpu=None,
             tokenizer=None, text=None, seq_len=256, windows=2, seed=0, layers=None, out_dir=None, device="auto",
             dtype=None, device_map=None, trust_remote_code=False, variants_per_pass=1, kl="exact", screen=False,
-            naive=False, progress=True, quiet_loading=False, ray=None, ray_workers=None, ray_gpus_per_worker=None):
+            naive=False, progress=True, quiet_loading=False, ray=None, ray_workers=None, ray_gpus_per_worker=None,
+            reads=None):
     """Profile a model (an id/path/alias, or a loaded transformers model with its tokenizer).
 
     `schemes` go to both K and V; `k_schemes` / `v_schemes` to one (default: the per-tensor default menus, or
@@ -49,6 +50,9 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
                                      for x in (schemes, k_schemes, v_schemes))
     profile_menu(schemes, target, vllm_gpu, None, k_schemes, v_schemes)  # a bad menu fails before loading
     check_modes(kl, screen, replay=not naive, naive=naive)
+    from .pricing import profile_reads
+
+    reads = profile_reads(reads, target)
     lengths = parse_seq_lens(seq_len)
     for flag, value in (("--windows", windows), ("--variants-per-pass", variants_per_pass)):
         if value < 1:
@@ -82,14 +86,15 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
         for n in lengths:  # the shorter ones first (cheap), the longest last: it is the profile the planner reads
             out = (out_dir if n == lengths[-1] else length_dir(out_dir, n)) if out_dir else None
             extra = {"lengths": lengths if len(lengths) > 1 else None,
-                     "text_files": [os.path.abspath(t) for t in files] if files else None}
+                     "text_files": [os.path.abspath(t) for t in files] if files else None,
+                     "max_positions": shape["max_positions"]}
             if ray is None:
                 result = _profile_here(model, tokenizer, files, n, windows, seed, menu, layers, out, model_id,
-                                       variants_per_pass, naive, kl, screen, progress, extra)
+                                       variants_per_pass, naive, kl, screen, progress, extra, reads)
             else:
                 result = cluster.profile(menu, body, text_name, n, windows, seed, layers, out, model_id,
                                          variants_per_pass, not naive, "materialized" if naive else kl, screen,
-                                         progress, extra)
+                                         progress, extra, reads)
     return result
 
 
@@ -122,14 +127,14 @@ def _profiled_model(model, tokenizer, device, dtype, device_map, trust_remote_co
 
 
 def _profile_here(model, tokenizer, files, seq_len, windows, seed, menu, layers, out, model_id, variants_per_pass,
-                  naive, kl, screen, progress, extra):
+                  naive, kl, screen, progress, extra, reads="streaming"):
     from .profile import run_profile
 
     ids, text_name, digest, slots = select_windows(tokenizer, files, seq_len, windows, seed)
     return run_profile(model, ids, menu, layers=layers, out_dir=out, model_id=model_id, text_name=text_name,
                        text_digest=digest, seed=seed, variants_per_pass=variants_per_pass, replay=not naive,
                        kl="materialized" if naive else kl, screen=screen, progress=progress,
-                       extra_meta={"window_slots": slots, **extra})
+                       extra_meta={"window_slots": slots, **extra}, reads=reads)
 
 
 def default_profile_dir(model: str) -> str:

@@ -113,6 +113,8 @@ class Predicted:
     context_len: int | None = None  # with Budget(context_len): the bits a cache of that length holds
     avg_bits_at_context: float | None = None
     vllm_pool_bytes: int | None = None  # vllm serving budgets: what vLLM's pool needs, alignment included
+    # sensprof.pricing: the read regime and serving length the damage was priced for, and the scale per scheme
+    pricing: dict | None = None
 
 
 @dataclass(frozen=True)

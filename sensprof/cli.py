@@ -26,7 +26,7 @@ def cmd_profile(args) -> int:
                        windows=args.windows, seed=args.seed, layers=args.layers, out_dir=out,
                        variants_per_pass=args.variants_per_pass, kl=args.kl, screen=args.screen, naive=args.naive,
                        progress=not args.quiet, quiet_loading=args.quiet, ray=args.ray, ray_workers=args.ray_workers,
-                       ray_gpus_per_worker=args.ray_gpus_per_worker)
+                       ray_gpus_per_worker=args.ray_gpus_per_worker, reads=args.reads)
     if not args.quiet:
         from .summary import summarize
 

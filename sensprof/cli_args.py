@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="profile every scheme this target can use: vllm | sglang | llamacpp | sensprof (the default "
                         "schemes); with --schemes, both")
     _add_engine_args(p)
+    p.add_argument("--reads", default=None,
+                   help="how the served cache reads its tokens: streaming (sink tokens, residual windows and incomplete "
+                        "per-channel key groups unquantized, as sensprof's runtime and KIVI hold them) | all (every "
+                        "cached token read quantized, as vLLM, SGLang and llama.cpp read it); default: the --target's, "
+                        "else streaming")
     p.add_argument("--layers", default=None, help="subset of layers, e.g. 0-11 or 0,5,7-9 (default: all)")
     p.add_argument("--out", default=None, help="output directory (default: profiles/<model>); re-running resumes")
     p.add_argument("--variants-per-pass", type=int, default=1,

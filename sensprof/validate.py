@@ -92,9 +92,18 @@ def predicted_damage(profile_table, layers: list[LayerPlan], objective_col: str 
     return summed_damage(profile_table, [(p.k_scheme, p.v_scheme) for p in layers], objective_col)
 
 
+def plan_reads(plan: Plan) -> str:
+    """How the plan's target reads its cache (sensprof.pricing): recorded in the plan, else the target's."""
+    from .pricing import target_reads
+
+    return (plan.predicted.pricing or {}).get("reads") or target_reads(plan.target)
+
+
 @torch.inference_mode()
-def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]], progress=None) -> dict[str, dict]:
-    """Measured KL / ΔNLL / ΔPPL of each configuration with all its layers quantized at once."""
+def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]], progress=None,
+            reads: str = "streaming") -> dict[str, dict]:
+    """Measured KL / ΔNLL / ΔPPL of each configuration with all its layers quantized at once, its cache read as
+    `reads` says (streaming or all: sensprof.pricing)."""
     from .models import describe_layers
 
     n = len(describe_layers(model))
@@ -112,7 +121,8 @@ def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]],
                 pair = (None if p.k_scheme == "none" else get_scheme(p.k_scheme),
                         None if p.v_scheme == "none" else get_scheme(p.v_scheme))
                 cal = {k: torch.tensor(v) for k, v in (p.absmax or {}).items()}
-                session.set_tap(p.layer, QuantTap(session, p.layer, [pair], input_ids.shape[0], cal, local=False))
+                session.set_tap(p.layer, QuantTap(session, p.layer, [pair], input_ids.shape[0], cal, local=False,
+                                                  reads=reads))
             try:
                 out = forward(input_ids)
             finally:
@@ -126,8 +136,17 @@ def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]],
     return results
 
 
-def validation_table(plan: Plan, measured: dict, configs: dict[str, list[LayerPlan]], profile_table=None):
+def validation_table(plan: Plan, measured: dict, configs: dict[str, list[LayerPlan]], profile_table=None,
+                     seq_len: int | None = None, profile_meta: dict | None = None):
+    """The measured table; `profile_table`'s KL predicts each configuration, priced for the plan's reads at
+    `seq_len` tokens (sensprof.pricing) when the profile's meta is given."""
     import pandas as pd
+
+    if profile_table is not None and seq_len and profile_meta is not None:
+        from .pricing import priced_at
+
+        profile_table = priced_at(profile_table, profile_meta.get("reads", "streaming"),
+                                  int(profile_meta["settings"]["seq_len"]), int(seq_len))
 
     plan_bits = predicted_summary(plan.layers)["avg_bits"]
     rows = []
@@ -178,11 +197,13 @@ def validate_plan(plan: Plan, loaded, windows=None, seq_len=None, progress=None)
 
     ids = validation_windows(plan, loaded.tokenizer, windows, seq_len)
     configs = {"plan": plan.layers, **reference_configs(plan)}
-    measured = measure(loaded.model, ids, configs, progress)
+    measured = measure(loaded.model, ids, configs, progress, plan_reads(plan))
     path = plan.profile.locate()
     if path is None:
         print(f"sensprof: note: {plan.profile.missing_note()}", file=sys.stderr)
-    return validation_table(plan, measured, configs, load_profile(path).table if path else None)
+    profile = load_profile(path) if path else None
+    return validation_table(plan, measured, configs, profile.table if profile else None, int(ids.shape[1]),
+                            profile.meta if profile else None)
 
 
 def validation_lengths(plan: Plan, spec, model) -> list[int]:
