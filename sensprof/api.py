@@ -149,8 +149,9 @@ def default_profile_dir(model: str) -> str:
 def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, max_model_len=None,
          max_num_seqs=None, context_len=None, target="sensprof", objective="kl", robust=0.0, refine=0,
          num_skip=None, vllm_gpu=None, llamacpp_build=None, model=None, device="auto", dtype=None, device_map=None,
-         trust_remote_code=False, out=None, log=print):
-    """Solve for each layer's K and V scheme under one budget; with `out` (a path, or True for the default
+         trust_remote_code=False, out=None, log=print, select_measured=0, select_seq_len=None):
+    """Solve for each layer's K and V scheme under one budget (with `select_measured` N, the final choice among
+    plans and uniform configurations by measured KL on N unseen windows: sensprof.selection); with `out` (a path, or True for the default
     plans/<model>-<target>-<budget>.json) the plan is written there. Returns (Plan, path or None)."""
     from .budget import budget_from_args
     from .files import check_writable
@@ -159,6 +160,11 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
     budget = budget_from_args(avg_bits, fraction, gpu_mem_gib, max_model_len, max_num_seqs, context_len)
     if refine < 0:
         raise SensprofError(f"--refine {refine} is negative; pass the number of rounds, e.g. 3")
+    if select_measured < 0 or (select_seq_len is not None and select_seq_len < 2):
+        raise SensprofError("--select-measured N takes a number of windows (e.g. 2) and --select-seq-len a length of "
+                            "at least 2 tokens")
+    if select_seq_len is not None and not select_measured:
+        raise SensprofError("--select-seq-len needs --select-measured N")
     if isinstance(out, str):
         check_writable(out, "--out", "file")  # before the solver and any --refine rounds
     result = make_plan(profile_dir, target, budget, objective, num_skip, vllm_gpu, llamacpp_build, robust)
@@ -167,6 +173,11 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
 
         result = refine_plan(result, profile_dir, budget, refine, device, log, dtype, device_map, trust_remote_code,
                              model)
+    if select_measured:
+        from .selection import select_measured as select
+
+        result = select(result, profile_dir, budget, select_measured, select_seq_len, device, log, dtype, device_map,
+                        trust_remote_code, model)
     path = None
     if out:
         path = out if isinstance(out, str) else result.default_path()

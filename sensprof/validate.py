@@ -177,7 +177,7 @@ def format_table(df) -> str:
 
 
 def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int | None):
-    """Windows from the profile's text that the profile did not use."""
+    """Windows from the profile's text that the profile did not use (nor `plan --select-measured`)."""
     from .data import bos_prefix, overlapping_slots, select_windows
 
     settings = plan.profile.settings
@@ -186,6 +186,11 @@ def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int 
     if seq != settings["seq_len"]:  # other slot boundaries: leave out every window that overlaps a profiled one
         prefix = len(bos_prefix(tokenizer))
         exclude = overlapping_slots(exclude, settings["seq_len"] - prefix, seq - prefix)
+    chosen_on = plan.solver.select  # plan --select-measured measured its candidates there: not these either
+    if chosen_on and chosen_on.get("window_slots"):
+        prefix = len(bos_prefix(tokenizer))
+        exclude = set(exclude) | overlapping_slots(chosen_on["window_slots"], chosen_on["seq_len"] - prefix,
+                                                   seq - prefix)
     ids, _, _, _ = select_windows(tokenizer, plan.profile.text_files, seq,
                                   windows or settings["windows"], settings["seed"] + 1, exclude)
     return ids
