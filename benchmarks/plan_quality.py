@@ -31,6 +31,9 @@ def main():
     ap.add_argument("--lengths", default=None, help="validation lengths (default: the profile's and 4x it)")
     ap.add_argument("--windows", type=int, default=2)
     ap.add_argument("--uniform-top", type=int, default=5)
+    ap.add_argument("--unpriced", action="store_true",
+                    help="also plan with the damage as the profile measured it (at its own window: the planner before "
+                         "sensprof.pricing), memory priced alike")
     ap.add_argument("--model", default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=None)
@@ -59,6 +62,13 @@ def main():
         budget = Budget("avg_bits", b)
         priced = make_plan(args.profile, "sensprof", budget)
         plans[(b, "priced")] = priced
+        if args.unpriced:
+            from sensprof.plan import build_plan
+            from sensprof.planner import plan as solve
+
+            table, pricing = priced_table(profile, "sensprof", get_target("sensprof"), own)  # scale 1: as measured
+            solution = solve(problem_from_table(table, meta["layers"], "kl"), get_target("sensprof"), budget)
+            plans[(b, "unpriced")] = build_plan(profile, solution, "sensprof", "kl", budget, pricing, table)
         if args.select:
             chosen = select_measured(priced, args.profile, budget, args.select, None, log=print, loaded=loaded)
             plans[(b, "selected")] = chosen

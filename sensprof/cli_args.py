@@ -117,8 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence (with --gpu-mem-gib)")
         q.add_argument("--max-num-seqs", type=int, default=None, help="concurrent sequences (with --gpu-mem-gib)")
         q.add_argument("--context-len", type=int, default=None, metavar="N",
-                       help="price --avg-bits/--fraction as a cache of N tokens holds them (full-precision sinks, "
-                            "residual windows and incomplete groups at 16 bits); default: the long-context average")
+                       help="the context length the plan serves: its damage is priced there for the target's "
+                            "reads (default min(4096, the model's positions); at least the profile's window), and "
+                            "--avg-bits/--fraction as a cache of N tokens holds them (full-precision sinks, residual "
+                            "windows and incomplete groups at 16 bits; default: the long-context average)")
 
     pl = sub.add_parser("plan", help="choose each layer's K and V scheme under a memory budget (integer program)")
     pl.add_argument("profile_dir", help="directory written by `sensprof profile`")
@@ -155,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--avg-bits", default="3,3.5,4,4.5,5,6,8",
                     help="comma-separated --avg-bits budgets (default 3,3.5,4,4.5,5,6,8)")
     sw.add_argument("--context-len", type=int, default=None, metavar="N",
-                    help="price the budgets as a cache of N tokens holds them (see plan --context-len)")
+                    help="the context length the plans serve: damage and budgets priced there (see plan --context-len)")
     sw.add_argument("--validate", action="store_true",
                     help="also measure each plan and the menu's uniform configurations on unseen windows")
     sw.add_argument("--uniform", default="frontier",
