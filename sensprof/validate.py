@@ -186,7 +186,7 @@ def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int 
     if seq != settings["seq_len"]:  # other slot boundaries: leave out every window that overlaps a profiled one
         prefix = len(bos_prefix(tokenizer))
         exclude = overlapping_slots(exclude, settings["seq_len"] - prefix, seq - prefix)
-    chosen_on = plan.solver.select  # plan --select-measured measured its candidates there: not these either
+    chosen_on = getattr(getattr(plan, "solver", None), "select", None)  # plan --select-measured chose on these
     if chosen_on and chosen_on.get("window_slots"):
         prefix = len(bos_prefix(tokenizer))
         exclude = set(exclude) | overlapping_slots(chosen_on["window_slots"], chosen_on["seq_len"] - prefix,
