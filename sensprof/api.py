@@ -28,7 +28,8 @@ def _model_options(model=None, device="auto", dtype=None, device_map=None, trust
 def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None, target=None, vllm_gpu=None,
             tokenizer=None, text=None, seq_len=256, windows=2, seed=0, layers=None, out_dir=None, device="auto",
             dtype=None, device_map=None, trust_remote_code=False, variants_per_pass=1, kl="exact", screen=False,
-            naive=False, progress=True, quiet_loading=False, ray=None, ray_workers=None, ray_gpus_per_worker=None):
+            naive=False, progress=True, quiet_loading=False, ray=None, ray_workers=None, ray_gpus_per_worker=None,
+            reads=None):
     """Profile a model (an id/path/alias, or a loaded transformers model with its tokenizer).
 
     `schemes` go to both K and V; `k_schemes` / `v_schemes` to one (default: the per-tensor default menus, or
@@ -57,6 +58,9 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
         raise SensprofError("--layers is empty; pass layers such as 0-11 or 0,5,7-9, or leave --layers out for all")
     profile_menu(schemes, target, vllm_gpu, None, k_schemes, v_schemes)  # a bad menu fails before loading
     check_modes(kl, screen, replay=not naive, naive=naive)
+    from .pricing import profile_reads
+
+    reads = profile_reads(reads, target)
     lengths = parse_seq_lens(seq_len)
     for flag, value in (("--windows", windows), ("--variants-per-pass", variants_per_pass)):
         if value < 1:
@@ -91,14 +95,15 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
         for n in lengths:  # the shorter ones first (cheap), the longest last: it is the profile the planner reads
             out = (out_dir if n == lengths[-1] else length_dir(out_dir, n)) if out_dir else None
             extra = {"lengths": lengths if len(lengths) > 1 else None,
-                     "text_files": [os.path.abspath(t) for t in files] if files else None}
+                     "text_files": [os.path.abspath(t) for t in files] if files else None,
+                     "max_positions": shape["max_positions"]}
             if ray is None:
                 result = _profile_here(model, tokenizer, files, n, windows, seed, menu, layers, out, model_id,
-                                       variants_per_pass, naive, kl, screen, progress, extra)
+                                       variants_per_pass, naive, kl, screen, progress, extra, reads)
             else:
                 result = cluster.profile(menu, body, text_name, n, windows, seed, layers, out, model_id,
                                          variants_per_pass, not naive, "materialized" if naive else kl, screen,
-                                         progress, extra)
+                                         progress, extra, reads)
     return result
 
 
@@ -131,14 +136,14 @@ def _profiled_model(model, tokenizer, device, dtype, device_map, trust_remote_co
 
 
 def _profile_here(model, tokenizer, files, seq_len, windows, seed, menu, layers, out, model_id, variants_per_pass,
-                  naive, kl, screen, progress, extra):
+                  naive, kl, screen, progress, extra, reads="streaming"):
     from .profile import run_profile
 
     ids, text_name, digest, slots = select_windows(tokenizer, files, seq_len, windows, seed)
     return run_profile(model, ids, menu, layers=layers, out_dir=out, model_id=model_id, text_name=text_name,
                        text_digest=digest, seed=seed, variants_per_pass=variants_per_pass, replay=not naive,
                        kl="materialized" if naive else kl, screen=screen, progress=progress,
-                       extra_meta={"window_slots": slots, **extra})
+                       extra_meta={"window_slots": slots, **extra}, reads=reads)
 
 
 def default_profile_dir(model: str) -> str:
@@ -153,8 +158,9 @@ def default_profile_dir(model: str) -> str:
 def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, max_model_len=None,
          max_num_seqs=None, context_len=None, target="sensprof", objective="kl", robust=0.0, refine=0,
          num_skip=None, vllm_gpu=None, llamacpp_build=None, model=None, device="auto", dtype=None, device_map=None,
-         trust_remote_code=False, out=None, log=print):
-    """Solve for each layer's K and V scheme under one budget; with `out` (a path, or True for the default
+         trust_remote_code=False, out=None, log=print, select_measured=0, select_seq_len=None):
+    """Solve for each layer's K and V scheme under one budget (with `select_measured` N, the final choice among
+    plans and uniform configurations by measured KL on N unseen windows: sensprof.selection); with `out` (a path, or True for the default
     plans/<model>-<target>-<budget>.json) the plan is written there. Returns (Plan, path or None)."""
     from .budget import budget_from_args
     from .files import check_writable
@@ -163,6 +169,11 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
     budget = budget_from_args(avg_bits, fraction, gpu_mem_gib, max_model_len, max_num_seqs, context_len)
     if refine < 0:
         raise SensprofError(f"--refine {refine} is negative; pass the number of rounds, e.g. 3")
+    if select_measured < 0 or (select_seq_len is not None and select_seq_len < 2):
+        raise SensprofError("--select-measured N takes a number of windows (e.g. 2) and --select-seq-len a length of "
+                            "at least 2 tokens")
+    if select_seq_len is not None and not select_measured:
+        raise SensprofError("--select-seq-len needs --select-measured N")
     if isinstance(out, str):
         check_writable(out, "--out", "file")  # before the solver and any --refine rounds
     result = make_plan(profile_dir, target, budget, objective, num_skip, vllm_gpu, llamacpp_build, robust)
@@ -171,6 +182,11 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
 
         result = refine_plan(result, profile_dir, budget, refine, device, log, dtype, device_map, trust_remote_code,
                              model)
+    if select_measured:
+        from .selection import select_measured as select
+
+        result = select(result, profile_dir, budget, select_measured, select_seq_len, device, log, dtype, device_map,
+                        trust_remote_code, model)
     path = None
     if out:
         path = out if isinstance(out, str) else result.default_path()

@@ -113,6 +113,8 @@ class Predicted:
     context_len: int | None = None  # with Budget(context_len): the bits a cache of that length holds
     avg_bits_at_context: float | None = None
     vllm_pool_bytes: int | None = None  # vllm serving budgets: what vLLM's pool needs, alignment included
+    # sensprof.pricing: the read regime and serving length the damage was priced for, and the scale per scheme
+    pricing: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,7 @@ class SolverRecord:
     time_s: float
     robust: float = 0.0  # --robust X: each cell cost its mean KL plus X times its spread
     refine: tuple[dict, ...] = ()  # --refine: every round's measured and predicted KL
+    select: dict | None = None  # --select-measured: the candidates, their measured KL, the choice (sensprof.selection)
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,12 @@ class Plan:
                  + (f"; {p.avg_bits_at_context:.2f} held at {p.context_len} tokens" if p.context_len else "")
                  + f"), predicted {self.objective} {p.damage:.3e}; solver {self.solver.status} in "
                    f"{self.solver.time_s:.2f} s"]
+        chosen = self.solver.select
+        if chosen:
+            won = (f"the uniform configuration {chosen['chosen'].removeprefix('uniform ')} measured lower KL than every "
+                   "plan, so the plan is that configuration" if chosen["uniform_won"] else f"{chosen['chosen']} won")
+            lines.append(f"chosen by measured KL on {chosen['windows']} x {chosen['seq_len']} unseen tokens among "
+                         f"{len(chosen['candidates'])} candidates: {won}")
         if self.target != "sensprof":
             flags = self.engine.flags() | {"needs_scales": self.engine.needs_scales}
             lines.append("engine: " + ", ".join(f"{k}={v}" for k, v in flags.items()))
@@ -327,7 +336,8 @@ def _tuple(x):
 
 def solver_record(obj: dict) -> SolverRecord:
     return SolverRecord(name=obj["name"], status=obj["status"], time_s=float(obj["time_s"]),
-                        robust=float(obj.get("robust", 0.0)), refine=tuple(obj.get("refine", ())))
+                        robust=float(obj.get("robust", 0.0)), refine=tuple(obj.get("refine", ())),
+                        select=obj.get("select"))
 
 
 def profile_ref(obj: dict, fingerprint: str) -> ProfileRef:

@@ -26,7 +26,7 @@ def cmd_profile(args) -> int:
                        windows=args.windows, seed=args.seed, layers=args.layers, out_dir=out,
                        variants_per_pass=args.variants_per_pass, kl=args.kl, screen=args.screen, naive=args.naive,
                        progress=not args.quiet, quiet_loading=args.quiet, ray=args.ray, ray_workers=args.ray_workers,
-                       ray_gpus_per_worker=args.ray_gpus_per_worker)
+                       ray_gpus_per_worker=args.ray_gpus_per_worker, reads=args.reads)
     if not args.quiet:
         from .summary import summarize
 
@@ -64,6 +64,7 @@ def cmd_plan(args) -> int:
                           gpu_mem_gib=args.gpu_mem_gib, max_model_len=args.max_model_len,
                           max_num_seqs=args.max_num_seqs, context_len=args.context_len, target=args.target,
                           objective=args.objective, robust=args.robust, refine=args.refine, num_skip=args.num_skip,
+                          select_measured=args.select_measured, select_seq_len=args.select_seq_len,
                           vllm_gpu=args.vllm_gpu, llamacpp_build=args.llamacpp_build, **_model(args),
                           out=args.out or True)
     print(plan.describe())

@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="profile every scheme this target can use: vllm | sglang | llamacpp | sensprof (the default "
                         "schemes); with --schemes, both")
     _add_engine_args(p)
+    p.add_argument("--reads", default=None,
+                   help="how the served cache reads its tokens: streaming (sink tokens, residual windows and incomplete "
+                        "per-channel key groups unquantized, as sensprof's runtime and KIVI hold them) | all (every "
+                        "cached token read quantized, as vLLM, SGLang and llama.cpp read it); default: the --target's, "
+                        "else streaming")
     p.add_argument("--layers", default=None, help="subset of layers, e.g. 0-11 or 0,5,7-9 (default: all)")
     p.add_argument("--out", default=None, help="output directory (default: profiles/<model>); re-running resumes")
     p.add_argument("--variants-per-pass", type=int, default=1,
@@ -112,8 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence (with --gpu-mem-gib)")
         q.add_argument("--max-num-seqs", type=int, default=None, help="concurrent sequences (with --gpu-mem-gib)")
         q.add_argument("--context-len", type=int, default=None, metavar="N",
-                       help="price --avg-bits/--fraction as a cache of N tokens holds them (full-precision sinks, "
-                            "residual windows and incomplete groups at 16 bits); default: the long-context average")
+                       help="the context length the plan serves: its damage is priced there for the target's "
+                            "reads (default min(4096, the model's positions); at least the profile's window), and "
+                            "--avg-bits/--fraction as a cache of N tokens holds them (full-precision sinks, residual "
+                            "windows and incomplete groups at 16 bits; default: the long-context average)")
 
     pl = sub.add_parser("plan", help="choose each layer's K and V scheme under a memory budget (integer program)")
     pl.add_argument("profile_dir", help="directory written by `sensprof profile`")
@@ -126,7 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="up to N rounds: measure the whole plan, re-measure the cells near the decision boundary "
                          "with the rest of the plan applied, re-solve; stops when measured KL stops improving "
                          "(loads the model and the profile's text)")
-    _add_model_args(pl, of="profile", device_help="--refine: cpu, cuda or auto")
+    pl.add_argument("--select-measured", type=int, default=0, metavar="N",
+                    help="target sensprof: choose the final plan among plans at this budget (objectives kl and dnll, "
+                         "--robust) and the strongest uniform configurations of no more memory by measured KL on N "
+                         "windows of the profile's text that neither the profile nor validate uses; if a uniform "
+                         "configuration wins, the plan is that configuration and says so (loads the model)")
+    pl.add_argument("--select-seq-len", type=int, default=None, metavar="T",
+                    help="with --select-measured: tokens per window (default 4x the profile's, within --context-len)")
+    _add_model_args(pl, of="profile", device_help="--refine, --select-measured: cpu, cuda or auto")
     pl.add_argument("--num-skip", type=int, default=None,
                     help="vllm: keep exactly this many layers at the model dtype (the planner picks which), besides "
                          "the boundary layers vLLM itself keeps for some dtypes")
@@ -143,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--avg-bits", default="3,3.5,4,4.5,5,6,8",
                     help="comma-separated --avg-bits budgets (default 3,3.5,4,4.5,5,6,8)")
     sw.add_argument("--context-len", type=int, default=None, metavar="N",
-                    help="price the budgets as a cache of N tokens holds them (see plan --context-len)")
+                    help="the context length the plans serve: damage and budgets priced there (see plan --context-len)")
     sw.add_argument("--validate", action="store_true",
                     help="also measure each plan and the menu's uniform configurations on unseen windows")
     sw.add_argument("--uniform", default="frontier",

@@ -230,7 +230,8 @@ class Worker:
         return _guarded(run)
 
     def prepare(self, menu, text: str, text_name: str, seq_len: int, windows: int, seed: int, layers: list[int],
-                kl: str, replay: bool, screen: bool, variants_per_pass: int, model_id: str) -> dict:
+                kl: str, replay: bool, screen: bool, variants_per_pass: int, model_id: str,
+                reads: str = "streaming") -> dict:
         """The baseline pass for one length: what the driver needs to write the profile and hand out shards."""
         def run():
             from .data import text_windows
@@ -244,10 +245,10 @@ class Worker:
             ids = ids.to(model.get_input_embeddings().weight.device)
             check_run(model, layers, variants_per_pass, kl, screen, replay)
             settings = profile_settings(model, ids, menu, text_digest=digest, seed=seed,
-                                        variants_per_pass=variants_per_pass, kl=kl, screen=screen)
+                                        variants_per_pass=variants_per_pass, kl=kl, screen=screen, reads=reads)
             session = self.stack.enter_context(attention_taps(model))
             self.cells = baseline_cells(model, session, ids, menu, layers, kl=kl, seed=seed,
-                                        variants_per_pass=variants_per_pass, replay=replay, screen=screen)
+                                        variants_per_pass=variants_per_pass, replay=replay, screen=screen, reads=reads)
             return {"settings": settings, "slots": slots, "stats_rows": self.cells.stats_rows,
                     "calibration": self.cells.calibration, "node": _node(),
                     "meta": run_meta(self.cells, settings, model_id=model_id, text_name=name, seed=seed, kl=kl),
@@ -357,14 +358,14 @@ class RayProfiler:
 
     def profile(self, menu, text: str, text_name: str, seq_len: int, windows: int, seed: int, layers: list[int],
                 out_dir: str | None, model_id: str, variants_per_pass: int, replay: bool, kl: str, screen: bool,
-                progress: bool, extra_meta: dict):
+                progress: bool, extra_meta: dict, reads: str = "streaming"):
         """One length on the cluster: the same Profile (and directory) a local run_profile would give."""
         from .profile import PartsStore, join_shards
 
         t0 = time.time()
         text_ref = self.ray.put(text)
         answers = self._ask_all("prepare", menu, text_ref, text_name, seq_len, windows, seed, layers, kl, replay,
-                                screen, variants_per_pass, model_id)
+                                screen, variants_per_pass, model_id, reads)
         first = answers[0]
         for other in answers[1:]:
             if other["settings"] != first["settings"]:

@@ -26,18 +26,23 @@ def held_avg_bits(layers, n_tokens: int) -> float:
     return held / sum(2 * p.kv_heads * p.head_dim for p in layers)
 
 
-def build_plan(profile, solution, target: str, objective: str, budget) -> Plan:
+def build_plan(profile, solution, target: str, objective: str, budget, pricing=None, table=None) -> Plan:
+    """`table`: the profile's table as the planner priced it (sensprof.pricing; default the measured one), whose
+    damage each layer records; `pricing`: how it was priced."""
     meta = profile.meta
+    table = profile.table if table is None else table
     layers = []
     for info, (k, v) in zip(meta["layers"], solution.choices):
         i = info["index"]
         layers.append(LayerPlan(
             layer=i, kind=info["kind"], window=info["window"], kv_heads=info["kv_heads"], head_dim=info["head_dim"],
-            k_scheme=k, v_scheme=v, k_damage=0.0 if k == "none" else _damage(profile, i, "K", k, objective),
-            v_damage=0.0 if v == "none" else _damage(profile, i, "V", v, objective),
+            k_scheme=k, v_scheme=v, k_damage=0.0 if k == "none" else _damage(table, i, "K", k, objective),
+            v_damage=0.0 if v == "none" else _damage(table, i, "V", v, objective),
             absmax=profile.calibration.get(str(i), {})))
     predicted = {"damage": solution.damage, "objective": objective, "budget_used": solution.cost,
                  "budget_limit": solution.limit, **predicted_summary(layers)}
+    if pricing is not None:
+        predicted["pricing"] = pricing.to_json()
     n = getattr(budget, "context_len", None)
     if n:  # what a cache of that length holds, full-precision tokens included (the budget priced this)
         predicted["context_len"] = n
@@ -51,26 +56,42 @@ def build_plan(profile, solution, target: str, objective: str, budget) -> Plan:
         created=now())
 
 
-def _damage(profile, layer, tensor, scheme, objective) -> float:
+def _damage(table, layer, tensor, scheme, objective) -> float:
     from .table import OBJECTIVES
 
-    t = profile.table
+    t = table
     row = t[(t.layer == layer) & (t.tensor == tensor) & (t.scheme == scheme)]
     return float(row[OBJECTIVES[objective]].iloc[0])
+
+
+def priced_table(profile, target: str, tgt, context_len: int | None):
+    """(the profile's usable cells priced for the target's reads at the serving length, Pricing): sensprof.pricing."""
+    from .pricing import price
+    from .planner import _runtime_format
+    from .table import length_profiles, usable_cells
+
+    table = usable_cells(profile)
+    usable = ({s for s in table.scheme if _runtime_format(s)} if tgt.structure == "free"
+              else set(tgt.schemes_needed()))
+    shorter = {n: p.table for n, p in length_profiles(profile).items()
+               if n < int(profile.meta["settings"]["seq_len"])} if profile.path else {}
+    return price(table, profile.meta, target, context_len, shorter, usable)
 
 
 def make_plan(profile_dir: str, target: str, budget, objective: str = "kl", num_skip=None, vllm_gpu=None,
               llamacpp_build=None, robust: float = 0.0) -> Plan:
     from .planner import plan, problem_from_table
-    from .table import load_profile, usable_cells
+    from .table import load_profile
     from .targets import get_target
 
     get_target(target, vllm_gpu, llamacpp_build)  # a bad target or option fails before the profile is read
     profile = load_profile(profile_dir, require_complete=True)
     tgt = get_target(target, vllm_gpu, llamacpp_build, {layer["head_dim"] for layer in profile.meta["layers"]})
-    problem = problem_from_table(usable_cells(profile), profile.meta["layers"], objective, robust)
+    context = budget.max_model_len if budget.kind == "serving" else budget.context_len
+    table, pricing = priced_table(profile, target, tgt, context)
+    problem = problem_from_table(table, profile.meta["layers"], objective, robust)
     solution = plan(problem, tgt, budget, num_skip)
-    result = build_plan(profile, solution, target, objective, budget)
+    result = build_plan(profile, solution, target, objective, budget, pricing, table)
     if robust:
         result = result.replace(solver=dataclasses.replace(result.solver, robust=robust))
     if target == "vllm" and budget.kind == "serving":

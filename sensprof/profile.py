@@ -41,7 +41,7 @@ from .table import (
 )
 from .screen import fill_rows, to_measure
 from .suffix import PrefixRecorder, replay_suffix, stop_after
-from .taps import QuantTap, StatsTap, first_quantized_row
+from .taps import QuantTap, StatsTap, check_reads, first_quantized_row
 
 
 def parse_kl(kl: str) -> int:
@@ -78,14 +78,15 @@ def _versions() -> dict:
 
 
 def profile_settings(model, input_ids: torch.Tensor, menu: Menu, *, text_digest: str, seed: int,
-                     variants_per_pass: int, kl: str = "exact", screen: bool = False) -> dict:
+                     variants_per_pass: int, kl: str = "exact", screen: bool = False, reads: str = "streaming") -> dict:
     """What must match for two runs to belong to one profile (--layers excluded)."""
     p = next(model.parameters())
     return {"model_fingerprint": fingerprint(model), "seq_len": int(input_ids.shape[1]),
             "windows": int(input_ids.shape[0]), "seed": seed, "text_digest": text_digest,
             "k_schemes": [s.name for s in menu.k], "v_schemes": [s.name for s in menu.v],
             "dtype": str(p.dtype).replace("torch.", ""), "device_type": p.device.type,
-            "variants_per_pass": variants_per_pass, "kl": kl, **({"screen": True} if screen else {})}
+            "variants_per_pass": variants_per_pass, "kl": kl, **({"screen": True} if screen else {}),
+            **({"reads": reads} if reads != "streaming" else {})}  # a streaming profile resumes one written before --reads
 
 
 def _baseline_pass(model, session, input_ids, n_layers, head, recorder=None):
@@ -140,7 +141,7 @@ def _cell_forward(model, session, layer, ids, layer_outputs, repeat, head, basel
 
 def profile_layer(model, session, layer, info, input_ids, baseline, layer_outputs, schemes_by_tensor,
                   calibration, variants_per_pass=1, replay=True, on_cell=None, head=None, seconds=None,
-                  recorder=None, screen=False) -> dict:
+                  recorder=None, screen=False, reads="streaming") -> dict:
     """All cells of one layer: end-to-end and local damage for each (tensor, scheme).
 
     With `head` (an OutputHead) the forward stops at the final hidden states and `baseline` compares them in
@@ -159,7 +160,7 @@ def profile_layer(model, session, layer, info, input_ids, baseline, layer_output
         for start in range(0, len(schemes), variants_per_pass):
             chunk = schemes[start:start + variants_per_pass]
             pairs = [(s, None) if tensor == "K" else (None, s) for s in chunk]
-            tap = QuantTap(session, layer, pairs, w, cal, reference=reference)
+            tap = QuantTap(session, layer, pairs, w, cal, reference=reference, reads=reads)
             session.set_tap(layer, tap)
             t0 = time.perf_counter()
             ids = input_ids.repeat(len(chunk), 1)
@@ -169,7 +170,8 @@ def profile_layer(model, session, layer, info, input_ids, baseline, layer_output
                         head.hidden(ids)
                     out = None
                 elif replay:
-                    first = 0 if recorder is None else min(recorder.length, first_quantized_row(pairs, ids.shape[1]))
+                    first = 0 if recorder is None else min(recorder.length,
+                                                           first_quantized_row(pairs, ids.shape[1], reads))
                     out = _cell_forward(model, session, layer, ids, layer_outputs, len(chunk), head, baseline,
                                         recorder, first)
                 else:
@@ -219,11 +221,11 @@ def profile_layer(model, session, layer, info, input_ids, baseline, layer_output
 SUFFIX_REPLAY = True  # replay only the positions a cell can move (sensprof.suffix); False: every position
 
 
-def _prefix_recorder(menu: Menu, layers, n: int) -> PrefixRecorder | None:
+def _prefix_recorder(menu: Menu, layers, n: int, reads: str = "streaming") -> PrefixRecorder | None:
     """What the baseline pass keeps for suffix replays: as many first positions as any cell leaves unmoved."""
     if not SUFFIX_REPLAY or not layers:
         return None
-    starts = [first_quantized_row([(s, None)], n) for s in menu.schemes]
+    starts = [first_quantized_row([(s, None)], n, reads) for s in menu.schemes]
     longest = max([s for s in starts if s < n], default=0)
     return PrefixRecorder(longest) if longest > 0 else None
 
@@ -260,6 +262,7 @@ class Cells:
     variants_per_pass: int = 1
     replay: bool = True
     screen: bool = False
+    reads: str = "streaming"  # how the profiled cache is read (taps.READS)
     seconds: dict = field(default_factory=dict)
 
     def shards(self, layer: int) -> list:
@@ -272,12 +275,12 @@ class Cells:
 
 
 def baseline_cells(model, session, input_ids, menu: Menu, layers, *, kl="exact", seed=0, variants_per_pass=1,
-                   replay=True, screen=False) -> Cells:
+                   replay=True, screen=False, reads="streaming") -> Cells:
     """The unquantized pass whose outputs every cell of `layers` replays from and compares with."""
     infos = describe_layers(model)
     n_layers = len(infos)
     head = output_head(model, input_ids, kl)
-    recorder = _prefix_recorder(menu, layers, input_ids.shape[1]) if replay and head is not None else None
+    recorder = _prefix_recorder(menu, layers, input_ids.shape[1], reads) if replay and head is not None else None
     final, layer_outputs, stats_taps = _baseline_pass(model, session, input_ids, n_layers, head, recorder)
     baseline = (MaterializedBaseline(final, input_ids) if head is None
                 else Baseline(head, final, input_ids, sample=parse_kl(kl), seed=seed))
@@ -285,7 +288,7 @@ def baseline_cells(model, session, input_ids, menu: Menu, layers, *, kl="exact",
     stats_rows, calibration = _stats_rows(infos, stats_taps)
     has_rope = {i: session.rope.get(i) is not None for i in range(n_layers)}
     return Cells(model, session, input_ids, menu, infos, head, recorder, baseline, layer_outputs, calibration,
-                 stats_rows, has_rope, variants_per_pass, replay, screen)
+                 stats_rows, has_rope, variants_per_pass, replay, screen, check_reads(reads))
 
 
 def profile_shard(cells: Cells, layer: int, tensors=("K", "V"), on_cell=None) -> dict:
@@ -294,7 +297,7 @@ def profile_shard(cells: Cells, layer: int, tensors=("K", "V"), on_cell=None) ->
     part = profile_layer(cells.model, cells.session, layer, cells.infos[layer], cells.input_ids, cells.baseline,
                          cells.layer_outputs, [(t, s) for t, s in cells.shards(layer) if t in tensors],
                          cells.calibration, cells.variants_per_pass, cells.replay, on_cell=on_cell, head=cells.head,
-                         seconds=cells.seconds, recorder=cells.recorder, screen=cells.screen)
+                         seconds=cells.seconds, recorder=cells.recorder, screen=cells.screen, reads=cells.reads)
     part["wall_time_s"] = time.time() - t0
     return part
 
@@ -320,7 +323,7 @@ def run_meta(cells: Cells, settings: dict, *, model_id: str, text_name: str, see
                     for s in menu.schemes},
         "text": text_name, "token_count": int(cells.input_ids.numel()), "seed": seed,
         "versions": _versions(), "replay": cells.replay, "kl_compared": "materialized" if cells.head is None else kl,
-        "screen": cells.screen,
+        "screen": cells.screen, "reads": cells.reads,
         "attention": {"untapped": "sdpa" if session.fast else "eager", "suffix_replay": cells.recorder is not None},
         **(extra_meta or {}),
     }
@@ -402,14 +405,16 @@ def run_profile(model, input_ids: torch.Tensor, schemes: Menu | list[QuantScheme
                 layers: list[int] | None = None, out_dir: str | None = None, model_id: str = "model",
                 text_name: str = "", text_digest: str = "", seed: int = 0, variants_per_pass: int = 1,
                 replay: bool = True, kl: str = "exact", screen: bool = False, progress: bool = True,
-                extra_meta: dict | None = None) -> Profile:
+                extra_meta: dict | None = None, reads: str = "streaming") -> Profile:
     """Profile `layers` (default all) of `model` on the token windows `input_ids` [W, T].
 
     `schemes` is a Menu (per tensor) or a list used for both K and V. `kl`: exact (vocabulary chunks, the
     default), sampled:K (opt-in approximation: top-K plus K tail samples per position) or materialized (full
     [tokens, vocab] logits, as --naive). `screen` (opt-in): end-to-end passes only for the cells that can lie
-    on a layer's cost-damage hull, a predicted KL for the rest (sensprof.screen). With `out_dir`, results are
-    written per layer and an interrupted run resumes where it stopped.
+    on a layer's cost-damage hull, a predicted KL for the rest (sensprof.screen). `reads`: streaming (default:
+    incomplete key groups, sinks and residual windows read unquantized, as sensprof's runtime and KIVI hold them) or
+    all (every cached token read quantized, as an engine without residual windows reads it). With `out_dir`,
+    results are written per layer and an interrupted run resumes where it stopped.
     """
     from tqdm.auto import tqdm
 
@@ -418,14 +423,14 @@ def run_profile(model, input_ids: torch.Tensor, schemes: Menu | list[QuantScheme
     menu = as_menu(schemes)
     input_ids = input_ids.to(_input_device(model))
     settings = profile_settings(model, input_ids, menu, text_digest=text_digest, seed=seed,
-                                variants_per_pass=variants_per_pass, kl=kl, screen=screen)
+                                variants_per_pass=variants_per_pass, kl=kl, screen=screen, reads=check_reads(reads))
     store = PartsStore(out_dir, settings)
     todo = store.todo(layers)
     if store.finished(layers):
         return store.profile()
     with attention_taps(model) as session:
         cells = baseline_cells(model, session, input_ids, menu, todo, kl=kl, seed=seed,
-                               variants_per_pass=variants_per_pass, replay=replay, screen=screen)
+                               variants_per_pass=variants_per_pass, replay=replay, screen=screen, reads=reads)
         store.start(run_meta(cells, settings, model_id=model_id, text_name=text_name, seed=seed, kl=kl,
                              extra_meta=extra_meta), cells.stats_rows, cells.calibration)
 

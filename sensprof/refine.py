@@ -16,7 +16,7 @@ import os
 
 from .errors import SensprofError
 from .artifacts import Plan
-from .plan import build_plan
+from .plan import build_plan, priced_table
 from .schemes import get_scheme
 from .screen import pareto_front
 
@@ -36,7 +36,7 @@ def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str =
     from .data import select_windows
     from .models import load_model
     from .planner import NONE, plan as solve, problem_from_table
-    from .table import load_profile, usable_cells
+    from .table import load_profile
     from .targets import get_target
     from .validate import layer_choices, measure
 
@@ -60,8 +60,10 @@ def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str =
                             f"(digest {digest} now, {settings['text_digest']} in meta.json); restore that text or "
                             "drop --refine")
     robust = plan.solver.robust
-    problem = problem_from_table(usable_cells(profile), meta["layers"], plan.objective, robust)
     target = get_target("sensprof")
+    pricing = plan.predicted.pricing or {}
+    table, priced = priced_table(profile, "sensprof", target, pricing.get("context_len") or plan.budget.context_len)
+    problem = problem_from_table(table, meta["layers"], plan.objective, robust)
 
     def joint(layer_plans):
         return measure(loaded.model, ids, {"plan": layer_plans})["plan"]["kl"]
@@ -91,7 +93,7 @@ def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str =
         bound, improved = max(1, len(swaps) // 8), False
         while bound >= 1:
             solution = solve(problem, target, budget, near=(choices, bound))
-            candidate = build_plan(profile, solution, plan.target, plan.objective, budget)
+            candidate = build_plan(profile, solution, plan.target, plan.objective, budget, priced, table)
             changed = sum(a != b for p, q in zip(best.layers, candidate.layers)
                           for a, b in ((p.k_scheme, q.k_scheme), (p.v_scheme, q.v_scheme)))
             kl = joint(candidate.layers) if changed else best_kl

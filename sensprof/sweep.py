@@ -77,7 +77,7 @@ def _validate_sweep(df, profile, plans, which, windows, seq_len, model_options, 
     from .files import atomic_write_text
     from .models import load_for_plan
     from .report.data import config_bits, config_bits_at, near_frontier, uniform_configs
-    from .validate import UNIFORM, layer_choices, measure, validation_windows
+    from .validate import UNIFORM, layer_choices, measure, plan_reads, validation_windows
 
     template = plans[0][1]
     loaded = load_for_plan(template, **model_options)
@@ -105,7 +105,7 @@ def _validate_sweep(df, profile, plans, which, windows, seq_len, model_options, 
         done.append(name)
         print(f"  [{len(done)}/{len(configs)}] {name}", file=sys.stderr, flush=True)
 
-    measured = measure(loaded.model, ids, configs, progress)
+    measured = measure(loaded.model, ids, configs, progress, reads=plan_reads(template))
     df = df.assign(measured_kl=[measured["plan " + os.path.basename(p)]["kl"] for p in df.plan],
                    dppl=[measured["plan " + os.path.basename(p)]["dppl"] for p in df.plan],
                    base_ppl=[measured["plan " + os.path.basename(p)]["base_ppl"] for p in df.plan])

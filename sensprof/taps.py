@@ -9,20 +9,23 @@ import torch
 
 from .hooks import plain_attention, query_blocks
 from .rope import apply_rope, undo_rope
+from .pricing import check_reads  # noqa: F401  (the profiler checks its --reads here)
 from .metrics import MomentStats, attention_kl_sum, squared_errors
 from .quant import fake_quant, quantize_query
 from .schemes import QuantScheme
 
 
-def full_precision_from(scheme: QuantScheme, n: int, device=None) -> torch.Tensor | None:
+def full_precision_from(scheme: QuantScheme, n: int, device=None, reads: str = "streaming") -> torch.Tensor | None:
     """For each query position t, the first key position still held in full precision.
 
     What a streaming cache holds when query t runs: the `residual` most recent tokens, and with
     per-channel token groups every group not yet complete and out of that window. None: nothing recent.
+    reads="all": no group waits to be complete (every token past the sinks and the scheme's residual window is
+    read quantized, a per-channel group with the statistics of the whole group as fake_quant groups it).
     """
     seen = torch.arange(1, n + 1, device=device)
     start = seen - scheme.residual
-    if scheme.granularity == "channel":  # the same rule as memory.quantized_token_count
+    if scheme.granularity == "channel" and reads == "streaming":  # the same rule as memory.quantized_token_count
         out_of_window = (seen - scheme.sink - scheme.residual).clamp_min(0)
         start = scheme.sink + (out_of_window // scheme.group) * scheme.group
     if bool((start >= seen).all()):
@@ -37,17 +40,17 @@ def reads_quantized(sink: int, fp_from: torch.Tensor | None, j: torch.Tensor) ->
     return reads if fp_from is None else reads & (j[None, :] < fp_from[:, None])
 
 
-def quantized_reads(scheme: QuantScheme | None, n: int, device=None) -> torch.Tensor | None:
+def quantized_reads(scheme: QuantScheme | None, n: int, device=None, reads: str = "streaming") -> torch.Tensor | None:
     """[n, n] bool: query t reads key/value j quantized. None: every read is quantized (or none is)."""
     if scheme is None or scheme.is_identity:
         return torch.zeros(n, n, dtype=torch.bool, device=device)
-    fp_from = full_precision_from(scheme, n, device)
+    fp_from = full_precision_from(scheme, n, device, reads)
     if fp_from is None and not scheme.sink:
         return None
     return reads_quantized(scheme.sink, fp_from, torch.arange(n, device=device))
 
 
-def first_quantized_row(pairs, n: int) -> int:
+def first_quantized_row(pairs, n: int, reads: str = "streaming") -> int:
     """The first query position that reads a quantized key or value under any (K scheme, V scheme) pair: the
     positions before it compute exactly the baseline (n: none reads one)."""
     first = n
@@ -57,7 +60,7 @@ def first_quantized_row(pairs, n: int) -> int:
                 continue
             if scheme.query:
                 return 0  # the query itself is transformed at every position
-            fp_from = full_precision_from(scheme, n)
+            fp_from = full_precision_from(scheme, n, reads=reads)
             if fp_from is None:  # every token past the sinks is read quantized (quantized_reads' rows)
                 first = min(first, 0 if scheme.sink < n else n)
                 continue
@@ -104,12 +107,12 @@ def mixed_attention(eager, module, query, k_q, v_q, key, value, mask, fp_from, k
 
 
 def quantized_attention(eager, module, query, key, value, k_q, v_q, k_scheme, v_scheme, mask, kwargs,
-                        rows: slice | None = None, weights: bool = True):
-    """Attention as a streaming cache holding K per `k_scheme` and V per `v_scheme` computes it (for the queries at
-    positions `rows`, default all)."""
+                        rows: slice | None = None, weights: bool = True, reads: str = "streaming"):
+    """Attention as a cache holding K per `k_scheme` and V per `v_scheme` computes it, read as `reads` says (for the
+    queries at positions `rows`, default all)."""
     n = key.shape[-2]
-    rk = quantized_reads(k_scheme, n, key.device)
-    rv = quantized_reads(v_scheme, n, key.device)
+    rk = quantized_reads(k_scheme, n, key.device, reads)
+    rv = quantized_reads(v_scheme, n, key.device, reads)
     if rk is None and rv is None:
         if weights:
             return eager(module, query, k_q, v_q, mask, **kwargs)
@@ -148,8 +151,9 @@ class QuantTap:
     """
 
     def __init__(self, session, layer: int, pairs: list[tuple[QuantScheme | None, QuantScheme | None]],
-                 chunk: int, calibration: dict | None = None, local: bool = True, reference: dict | None = None):
-        self.session, self.layer, self.want_local = session, layer, local
+                 chunk: int, calibration: dict | None = None, local: bool = True, reference: dict | None = None,
+                 reads: str = "streaming"):
+        self.session, self.layer, self.want_local, self.reads = session, layer, local, check_reads(reads)
         # The unquantized attention of this layer's input, shared by every cell of a layer (the input is the
         # baseline's whatever is quantized here), so local metrics cost one extra attention per layer, not per cell.
         self.reference = reference if reference is not None else {}
@@ -193,7 +197,8 @@ class QuantTap:
                 mb = None if m is None else m[..., b, :]
                 rows = slice(offset + b.start, offset + b.stop)
                 out_q, w_q = quantized_attention(eager, module, qq[..., b, :], k, v, k_q, v_q, k_scheme, v_scheme,
-                                                 mb, kwargs, rows=rows, weights=self.want_local)
+                                                 mb, kwargs, rows=rows, weights=self.want_local,
+                                                 reads=self.reads)
                 if self.want_local:
                     if len(blocks) > 1:
                         out_b, w_b = eager(module, q[..., b, :], k, v, mb, **kwargs)
@@ -208,7 +213,7 @@ class QuantTap:
                 n_rows = q.shape[0] * q.shape[-2]
                 self.local.append(((kl_sum / n_rows).cpu(), (err.sqrt() / ref.sqrt().clamp_min(1e-300)).cpu()))
             out = torch.cat([o for o, _ in parts], dim=1)
-            unmoved = first_quantized_row([(k_scheme, v_scheme)], k.shape[-2]) - offset
+            unmoved = first_quantized_row([(k_scheme, v_scheme)], k.shape[-2], self.reads) - offset
             if unmoved > 0:  # these queries read nothing quantized: exactly the unquantized attention, bit for bit
                 plain = self.reference.get("plain") if self.shared else None
                 if plain is None:

@@ -93,11 +93,19 @@ def predicted_damage(profile_table, layers: list[LayerPlan], objective_col: str 
     return summed_damage(profile_table, [(p.k_scheme, p.v_scheme) for p in layers], objective_col)
 
 
+def plan_reads(plan: Plan) -> str:
+    """How the plan's target reads its cache (sensprof.pricing): recorded in the plan, else the target's."""
+    from .pricing import target_reads
+
+    return (plan.predicted.pricing or {}).get("reads") or target_reads(plan.target)
+
+
 @torch.inference_mode()
 def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]], progress=None,
-            per_token: bool = False) -> dict[str, dict]:
-    """Measured KL / ΔNLL / ΔPPL of each configuration with all its layers quantized at once (with per_token, each
-    position's KL and ΔNLL too, and the baseline's NLL under "baseline")."""
+            per_token: bool = False, reads: str = "streaming") -> dict[str, dict]:
+    """Measured KL / ΔNLL / ΔPPL of each configuration with all its layers quantized at once, its cache read as
+    `reads` says (streaming or all: sensprof.pricing); with per_token, each position's KL and ΔNLL too, and the
+    baseline's NLL under "baseline"."""
     from .models import describe_layers
 
     n = len(describe_layers(model))
@@ -115,7 +123,8 @@ def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]],
                 pair = (None if p.k_scheme == "none" else get_scheme(p.k_scheme),
                         None if p.v_scheme == "none" else get_scheme(p.v_scheme))
                 cal = {k: torch.tensor(v) for k, v in (p.absmax or {}).items()}
-                session.set_tap(p.layer, QuantTap(session, p.layer, [pair], input_ids.shape[0], cal, local=False))
+                session.set_tap(p.layer, QuantTap(session, p.layer, [pair], input_ids.shape[0], cal, local=False,
+                                                  reads=reads))
             try:
                 out = forward(input_ids)
             finally:
@@ -131,8 +140,17 @@ def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]],
     return results
 
 
-def validation_table(plan: Plan, measured: dict, configs: dict[str, list[LayerPlan]], profile_table=None):
+def validation_table(plan: Plan, measured: dict, configs: dict[str, list[LayerPlan]], profile_table=None,
+                     seq_len: int | None = None, profile_meta: dict | None = None):
+    """The measured table; `profile_table`'s KL predicts each configuration, priced for the plan's reads at
+    `seq_len` tokens (sensprof.pricing) when the profile's meta is given."""
     import pandas as pd
+
+    if profile_table is not None and seq_len and profile_meta is not None:
+        from .pricing import priced_at
+
+        profile_table = priced_at(profile_table, profile_meta.get("reads", "streaming"),
+                                  int(profile_meta["settings"]["seq_len"]), int(seq_len))
 
     plan_bits = predicted_summary(plan.layers)["avg_bits"]
     rows = []
@@ -163,7 +181,7 @@ def format_table(df) -> str:
 
 
 def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int | None):
-    """Windows from the profile's text that the profile did not use."""
+    """Windows from the profile's text that the profile did not use (nor `plan --select-measured`)."""
     from .data import bos_prefix, load_text, overlapping_slots, text_digest, text_windows
 
     settings = plan.profile.settings
@@ -186,6 +204,11 @@ def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int 
             "re-profile and re-plan")
     if seq < 2:
         raise SensprofError(f"--seq-len {seq} is too short; use at least 2")
+    chosen_on = getattr(getattr(plan, "solver", None), "select", None)  # plan --select-measured chose on these
+    if chosen_on and chosen_on.get("window_slots"):
+        prefix = len(bos_prefix(tokenizer))
+        exclude = set(exclude) | overlapping_slots(chosen_on["window_slots"], chosen_on["seq_len"] - prefix,
+                                                   seq - prefix)
     ids, _, _, _ = text_windows(tokenizer, text, name, seq, settings["windows"] if windows is None else windows,
                                 settings["seed"] + 1, exclude)
     return ids
@@ -194,13 +217,14 @@ def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int 
 def validate_plan(plan: Plan, loaded, windows=None, seq_len=None, progress=None):
     """Measured table of the plan beside the reference configurations."""
     path = plan.profile.locate()
-    table = plan_profile(plan, path).table if path else None  # a profile that is not the plan's: refused first
+    profile = plan_profile(plan, path) if path else None  # a profile that is not the plan's: refused first
     ids = validation_windows(plan, loaded.tokenizer, windows, seq_len)
     configs = {"plan": plan.layers, **reference_configs(plan)}
-    measured = measure(loaded.model, ids, configs, progress)
+    measured = measure(loaded.model, ids, configs, progress, reads=plan_reads(plan))
     if path is None:
         print(f"sensprof: note: {plan.profile.missing_note()}", file=sys.stderr)
-    return validation_table(plan, measured, configs, table)
+    return validation_table(plan, measured, configs, profile.table if profile else None, int(ids.shape[1]),
+                            profile.meta if profile else None)
 
 
 def plan_profile(plan: Plan, path: str):

@@ -33,6 +33,7 @@ from sensprof.schemes import REGISTRY, get_scheme
     "sensprof.planner",
     "sensprof.plan",
     "sensprof.screen",
+    "sensprof.pricing",
     "sensprof.export, sensprof.export.vllm, sensprof.export.sglang, sensprof.export.llamacpp",
 ])
 def test_cost_model_imports_no_torch(modules):

@@ -82,7 +82,9 @@ def test_plan_records_the_profile_and_solution(plans, profile, target):
                 assert dmg == 0.0
             else:
                 row = table[(table.layer == p.layer) & (table.tensor == tensor) & (table.scheme == scheme)]
-                assert dmg == pytest.approx(float(row.kl.iloc[0]), rel=1e-12)
+                # the measured KL priced for the target's reads at the serving length (sensprof.pricing)
+                scale = plan.predicted.pricing["scales"].get(scheme, 1.0)
+                assert dmg == pytest.approx(float(row.kl.iloc[0]) * scale, rel=1e-12)
     assert plan.predicted.damage == pytest.approx(sum(p.k_damage + p.v_damage for p in plan.layers), rel=1e-9)
     assert plan.predicted.budget_used <= plan.predicted.budget_limit * (1 + 1e-9)
     assert plan.profile.window_slots == (3, 5)
@@ -192,15 +194,16 @@ def test_describe_and_default_path(plans):
 
 
 def test_plan_at_a_context_length(profile_dir, tmp_path):
-    """Priced at 40 tokens, the residual windows and incomplete groups a 40-token cache holds are paid for."""
+    """Priced at 80 tokens, the residual windows and incomplete groups an 80-token cache holds are paid for."""
     from sensprof.plan import held_avg_bits
 
-    plan = make_plan(profile_dir, "sensprof", Budget("avg_bits", 6, context_len=40))
+    plan = make_plan(profile_dir, "sensprof", Budget("avg_bits", 6, context_len=80))
     p = plan.predicted
-    assert p.context_len == 40 and p.avg_bits_at_context == pytest.approx(held_avg_bits(plan.layers, 40))
+    assert p.context_len == 80 and p.avg_bits_at_context == pytest.approx(held_avg_bits(plan.layers, 80))
     assert p.avg_bits_at_context <= 6 + 1e-9 and p.avg_bits_at_context >= p.avg_bits - 1e-9
-    assert plan.budget.context_len == 40 and plan.default_path() == "plans/tiny-gemma3-sensprof-6bits-at40.json"
-    assert "held at 40 tokens" in plan.describe()
+    assert plan.budget.context_len == 80 and plan.default_path() == "plans/tiny-gemma3-sensprof-6bits-at80.json"
+    assert "held at 80 tokens" in plan.describe()
+    assert p.pricing["context_len"] == 80 and p.pricing["reads"] == "streaming"  # its damage is priced there too
     path = tmp_path / "p.json"
     plan.save(str(path))
     assert load_plan(str(path)).budget == plan.budget

@@ -24,7 +24,7 @@ from sensprof.table import load_profile
 def menu_run(tiny_model_dir, tmp_path_factory, _one_thread):
     root = tmp_path_factory.mktemp("menu")
     prof = root / "profile"
-    assert main(["profile", "--model", tiny_model_dir, "--seq-len", "32,64", "--windows", "2", "--out", str(prof),
+    assert main(["profile", "--model", tiny_model_dir, "--seq-len", "64,128", "--windows", "2", "--out", str(prof),
                  "--device", "cpu", "--quiet"]) == 0
     sweep = root / "sweep"
     assert main(["sweep", str(prof), "--validate", "--device", "cpu", "--avg-bits", "3,4,5,6",
@@ -44,12 +44,13 @@ def test_default_menus_are_profiled_per_tensor(menu_run):
 
 def test_several_lengths(menu_run, capsys):
     prof = load_profile(menu_run.profile)
-    assert prof.meta["settings"]["seq_len"] == 64 and prof.meta["lengths"] == [32, 64]
-    short = load_profile(os.path.join(menu_run.profile, "lengths", "32"))
-    assert short.meta["settings"]["seq_len"] == 32 and len(short.table) == len(prof.table)
+    # 128 tokens: the default menu's 128-token key groups need one whole group to be priced (sensprof.pricing)
+    assert prof.meta["settings"]["seq_len"] == 128 and prof.meta["lengths"] == [64, 128]
+    short = load_profile(os.path.join(menu_run.profile, "lengths", "64"))
+    assert short.meta["settings"]["seq_len"] == 64 and len(short.table) == len(prof.table)
     rc, out, err = run_cli(capsys, "summary", menu_run.profile)
     assert rc == 0, err
-    assert "damage vs context length" in out and "the planner uses the longest, 64" in out
+    assert "damage vs context length" in out and "the planner uses the longest, 128" in out
     row = next(line for line in out.splitlines() if line.startswith("K      int2_c32 "))
     k = short.table[(short.table.tensor == "K") & (short.table.scheme == "int2_c32")].kl.sum()
     assert f"{k:.2e}" in row
@@ -71,15 +72,15 @@ def test_sweep_measures_the_menus_uniform_configurations(menu_run):
             assert getattr(r, f"best_uniform_{tag}") == best.config
             assert getattr(r, f"best_uniform_{tag}_kl") == pytest.approx(best.measured_kl)
             assert getattr(r, f"kl_vs_uniform_{tag}") == pytest.approx(r.measured_kl / best.measured_kl)
-        assert r.validation_tokens == "2x64"
-        # memory as a 64-token cache holds it: full-precision sink, residual and incomplete-group tokens count
+        assert r.validation_tokens == "2x128"
+        # memory as a 128-token cache holds it: full-precision sink, residual and incomplete-group tokens count
         at_len = uniform[uniform.avg_bits_at_len <= r.avg_bits_at_len + 1e-9]
         if len(at_len):
             assert r.best_uniform_le_at_len == at_len.loc[at_len.measured_kl.idxmin()].config
     assert df.best_uniform_le.notna().any() and df.best_uniform_ge.notna().any()
     assert (df.avg_bits_at_len >= df.avg_bits - 1e-9).all() and (uniform.avg_bits_at_len >= uniform.avg_bits - 1e-9).all()
     kivi = uniform.set_index("config").loc["uniform KIVI-4 (int4_c32 / int4_t32)"]
-    # keys: 64 tokens = 2 whole groups of 32 (nothing waits); values: quantized on entry
+    # keys: 128 tokens = 4 whole groups of 32 (nothing waits); values: quantized on entry
     assert kivi.avg_bits_at_len == pytest.approx(kivi.avg_bits)
 
 
@@ -129,20 +130,20 @@ def test_sweep_every_uniform_and_report(menu_run, tmp_path):
                                           uniform.drop(columns="avg_bits_at_len"), prof.meta) is None
 
     by_len = data.damage_by_length(load_profile(menu_run.profile))
-    assert sorted(set(by_len.seq_len)) == [32, 64]
-    short = load_profile(os.path.join(menu_run.profile, "lengths", "32")).table
-    got = by_len[(by_len.seq_len == 32) & (by_len.tensor == "V") & (by_len.scheme == "int4_t32")].kl_sum.iloc[0]
+    assert sorted(set(by_len.seq_len)) == [64, 128]
+    short = load_profile(os.path.join(menu_run.profile, "lengths", "64")).table
+    got = by_len[(by_len.seq_len == 64) & (by_len.tensor == "V") & (by_len.scheme == "int4_t32")].kl_sum.iloc[0]
     assert got == pytest.approx(short[(short.tensor == "V") & (short.scheme == "int4_t32")].kl.sum())
 
 
 def test_sweep_at_a_context_length(menu_run, tmp_path):
-    out = tmp_path / "at48"
-    assert main(["sweep", menu_run.profile, "--avg-bits", "6,8", "--context-len", "48", "--out", str(out)]) == 0
+    out = tmp_path / "at192"
+    assert main(["sweep", menu_run.profile, "--avg-bits", "6,8", "--context-len", "192", "--out", str(out)]) == 0
     df = pd.read_csv(out / "sweep.csv")
-    assert list(df.context_len) == [48, 48]
+    assert list(df.context_len) == [192, 192]
     for r in df.itertuples():
         plan = json.loads(open(r.plan).read())
-        assert plan["budget"]["context_len"] == 48
+        assert plan["budget"]["context_len"] == 192
         assert plan["predicted"]["avg_bits_at_context"] <= r.budget_avg_bits + 1e-9
 
 

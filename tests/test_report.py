@@ -279,7 +279,11 @@ def test_plan_damage_without_validation_is_predicted_from_the_profile(run, profi
     want = sum(kl[(p.layer, "K", p.k_scheme)] + kl[(p.layer, "V", p.v_scheme)] for p in plan.layers)
     row = df.set_index("config").loc["plan"]
     assert row.predicted_kl == pytest.approx(want, rel=1e-12)
-    assert row.predicted_kl == pytest.approx(plan.predicted.damage, rel=1e-9)  # the plan optimised KL
+    # the plan optimised KL priced at its serving length (sensprof.pricing); the report predicts at the profile's
+    scales = plan.predicted.pricing["scales"]
+    assert plan.predicted.damage == pytest.approx(
+        sum(kl[(p.layer, "K", p.k_scheme)] * scales.get(p.k_scheme, 1.0)
+            + kl[(p.layer, "V", p.v_scheme)] * scales.get(p.v_scheme, 1.0) for p in plan.layers), rel=1e-9)
     # the same prediction the validation CSV holds for the identical plan
     assert row.predicted_kl == pytest.approx(float(read_csv(run.validation)[0]["predicted_kl"]), rel=1e-9)
     uni = df.set_index("config").loc["uniform int4_per_token_head"]

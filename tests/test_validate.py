@@ -147,12 +147,21 @@ def test_validate_cli_writes_the_table(cli_run, capsys):
     assert sorted(set(df.seq_len)) == [own, 4 * own]  # the profile's length and 4x it, by default
     assert f"unseen windows of {4 * own} tokens" in out
     assert len(df[df.seq_len == own]) == len(df[df.seq_len == 4 * own])
-    df = df[df.seq_len == own]
+    full, df = df, df[df.seq_len == own]
     row = df[df.config == "plan"].iloc[0]
     assert row.memory_vs_plan == "plan"
     assert row.avg_bits == pytest.approx(plan.predicted.avg_bits)
     assert row.avg_bits <= 6 + 1e-9
-    assert row.predicted_kl == pytest.approx(plan.predicted.damage, rel=1e-9)
+    # predicted for the plan's reads at each validation length (sensprof.pricing): at the profile's own length the
+    # measured per-layer sum, at 4x it the sum scaled to the share of positions that read quantized tokens there
+    from sensprof.pricing import priced_at
+    from sensprof.table import load_profile
+
+    table = load_profile(cli_run.profile).table
+    assert row.predicted_kl == pytest.approx(predicted_damage(table, plan.layers), rel=1e-9)
+    longer = full[(full.seq_len == 4 * own) & (full.config == "plan")].iloc[0]
+    assert longer.predicted_kl == pytest.approx(predicted_damage(priced_at(table, "streaming", own, 4 * own),
+                                                                 plan.layers), rel=1e-9)
     assert row.measured_kl > 0 and math.isfinite(row.measured_kl)
     assert row.measured_over_predicted == pytest.approx(row.measured_kl / row.predicted_kl)
     refs = set(df.config) - {"plan"}
@@ -365,9 +374,14 @@ def test_reference_configs_of_a_llamacpp_plan(cli_run):
 def test_validation_table_predictions(cli_run):
     from sensprof.table import load_profile
 
+    from sensprof.pricing import priced_at
+
     plan = load_plan(cli_run.plan)
     table = load_profile(cli_run.profile).table
-    assert predicted_damage(table, plan.layers) == pytest.approx(plan.predicted.damage, rel=1e-9)
+    pricing = plan.predicted.pricing  # the plan's damage: the profile's priced at the serving length
+    assert pricing["reads"] == "streaming" and pricing["context_len"] == 512  # the tiny model's positions
+    at = priced_at(table, "streaming", pricing["profile_len"], pricing["context_len"])
+    assert predicted_damage(at, plan.layers) == pytest.approx(plan.predicted.damage, rel=1e-9)
     assert math.isnan(predicted_damage(table, layer_choices(plan, ("int4_c32", "int4_t32"))))
     assert math.isnan(predicted_damage(None, plan.layers))
     assert predicted_damage(table, layer_choices(plan, NONE2)) == 0.0

@@ -1,0 +1,140 @@
+"""Issue 25's targets, measured: at each budget, the plan's KL against the best uniform configuration with no more
+memory, on text neither the profile nor the selection saw, at the profile's length and at 4x it, with the cache
+read as the target reads it. Prints one table per length and writes a CSV.
+
+    python benchmarks/plan_quality.py PROFILE_DIR [--avg-bits 3,4,5] [--select 2] [--lengths 256,1024]
+                                      [--windows 2] [--uniform-top 5] [--model M] [--out results.csv]
+
+For each budget it plans twice: the priced plan (`sensprof plan`, damage priced at the serving length, default
+4096 tokens) and the plan chosen by measurement (`plan --select-measured N`). The uniform configurations measured
+are, at every budget, those within it that the priced profile predicts best (--uniform-top) plus the one that spends
+the most memory; "best uniform" is the lowest measured KL among those with no more memory (long-context bits, the
+planner's budget unit) than the plan. Targets (issue 25): plan / best uniform <= 0.5 at 4x the profile's length,
+never above 1.0; measured / predicted (the profile priced at that length) in 0.8-1.25.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import pandas as pd
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("profile")
+    ap.add_argument("--avg-bits", default="3,4,5")
+    ap.add_argument("--select", type=int, default=2, help="windows for --select-measured (0: skip)")
+    ap.add_argument("--lengths", default=None, help="validation lengths (default: the profile's and 4x it)")
+    ap.add_argument("--windows", type=int, default=2)
+    ap.add_argument("--uniform-top", type=int, default=5)
+    ap.add_argument("--unpriced", action="store_true",
+                    help="also plan with the damage as the profile measured it (at its own window: the planner before "
+                         "sensprof.pricing), memory priced alike")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    from sensprof.budget import Budget
+    from sensprof.models import load_model
+    from sensprof.plan import make_plan, priced_table
+    from sensprof.planner import problem_from_table
+    from sensprof.pricing import priced_at
+    from sensprof.schemes import get_scheme
+    from sensprof.selection import select_measured, uniform_candidates
+    from sensprof.table import load_profile, summed_damage
+    from sensprof.targets import get_target
+    from sensprof.validate import layer_choices, measure, plan_reads, validation_windows
+
+    t0 = time.time()
+    profile = load_profile(args.profile, require_complete=True)
+    meta = profile.meta
+    own = int(meta["settings"]["seq_len"])
+    lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else [own, 4 * own]
+    loaded = load_model(args.model or meta["model"]["id"], args.device)
+    budgets = [float(x) for x in args.avg_bits.split(",")]
+    plans, uniforms = {}, {}
+    for b in budgets:
+        budget = Budget("avg_bits", b)
+        priced = make_plan(args.profile, "sensprof", budget)
+        plans[(b, "priced")] = priced
+        if args.unpriced:
+            from sensprof.plan import build_plan
+            from sensprof.planner import plan as solve
+
+            table, pricing = priced_table(profile, "sensprof", get_target("sensprof"), own)  # scale 1: as measured
+            solution = solve(problem_from_table(table, meta["layers"], "kl"), get_target("sensprof"), budget)
+            plans[(b, "unpriced")] = build_plan(profile, solution, "sensprof", "kl", budget, pricing, table)
+        if args.select:
+            chosen = select_measured(priced, args.profile, budget, args.select, None, log=print, loaded=loaded)
+            plans[(b, "selected")] = chosen
+        table, _ = priced_table(profile, "sensprof", get_target("sensprof"), None)
+        problem = problem_from_table(table, meta["layers"], "kl")
+        uniforms.update(uniform_candidates(problem, budget, meta["layers"], top=args.uniform_top))
+    template = plans[(budgets[0], "selected" if args.select else "priced")]
+    reads = plan_reads(template)
+    layers = meta["layers"]
+
+    def bits(pairs):
+        elems = sum(2 * layer["kv_heads"] * layer["head_dim"] for layer in layers)
+        return sum(Budget("avg_bits", 16).cost(get_scheme(k), layer) + Budget("avg_bits", 16).cost(get_scheme(v), layer)
+                   for (k, v), layer in zip(pairs, layers)) / elems
+
+    rows = []
+    for n in lengths:
+        # the windows validate judges a selected plan on: neither the profile's nor the selection's
+        ids = validation_windows(template, loaded.tokenizer, args.windows, n)
+        configs, alias, seen = {}, {}, {}
+        named = [(f"{kind} plan {b:g}", p.layers) for (b, kind), p in plans.items()]
+        named += [(name, layer_choices(template, pair)) for name, pair in uniforms.items()]
+        for name, layer_plans in named:  # each distinct configuration measured once
+            key = tuple((q.k_scheme, q.v_scheme) for q in layer_plans)
+            alias[name] = seen.setdefault(key, name)
+            if alias[name] == name:
+                configs[name] = layer_plans
+        print(f"\n{len(configs)} configurations on {ids.shape[0]} x {ids.shape[1]} unseen tokens, read {reads}",
+              flush=True)
+        measured = measure(loaded.model, ids, configs, lambda name: print(f"  {name}", file=sys.stderr, flush=True),
+                           reads=reads)
+        measured = {name: measured[alias[name]] for name in alias}
+        at = priced_at(profile.table, meta.get("reads", "streaming"), own, n)
+        uni = pd.DataFrame([{"config": name, "avg_bits": bits([pair] * len(layers)), "kl": measured[name]["kl"]}
+                            for name, pair in uniforms.items()])
+        for (b, kind), p in plans.items():
+            pairs = [(q.k_scheme, q.v_scheme) for q in p.layers]
+            mine = bits(pairs)
+            pool = uni[uni.avg_bits <= mine + 1e-9]
+            best = pool.loc[pool.kl.idxmin()] if len(pool) else None
+            kl = measured[f"{kind} plan {b:g}"]["kl"]
+            pred = summed_damage(at, pairs, "kl")
+            sel = p.solver.select or {}
+            rows.append({"model": meta["model"]["id"], "seq_len": n, "budget": b, "plan": kind, "avg_bits": mine,
+                         "measured_kl": kl, "predicted_kl": pred, "measured_over_predicted": kl / pred,
+                         "best_uniform_le": None if best is None else best.config,
+                         "best_uniform_le_bits": None if best is None else best.avg_bits,
+                         "best_uniform_le_kl": None if best is None else best.kl,
+                         "plan_over_uniform": None if best is None else kl / best.kl,
+                         "chosen": sel.get("chosen", ""), "uniform_won": sel.get("uniform_won", "")})
+        for name in uni.sort_values("avg_bits").config:
+            r = uni[uni.config == name].iloc[0]
+            rows.append({"model": meta["model"]["id"], "seq_len": n, "budget": None, "plan": name,
+                         "avg_bits": r.avg_bits, "measured_kl": r.kl,
+                         "predicted_kl": summed_damage(at, [uniforms[name]] * len(layers), "kl")})
+    df = pd.DataFrame(rows)
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_columns", 20)
+    pd.set_option("display.max_colwidth", 40)
+    for n, g in df.groupby("seq_len"):
+        print(f"\n== {n} tokens ==")
+        print(g.drop(columns=["model", "seq_len"]).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    out = args.out or os.path.join(args.profile, "plan_quality.csv")
+    df.to_csv(out, index=False)
+    print(f"\nwrote {out} ({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

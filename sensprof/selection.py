@@ -1,0 +1,156 @@
+"""`plan --select-measured N`: the final choice made by measurement, never by prediction alone.
+
+The planner's plan is one of several candidates: plans at the same budget from other objectives and robustness
+settings, and the strongest uniform configurations (every layer one K and one V scheme of the profile's menus)
+that cost no more memory under the same budget — those the priced profile predicts best, and the one that
+spends the most memory. Each is measured with every layer quantized at once, read as the target reads its cache,
+on N windows of the profile's text that the profile did not use, at a longer length than the profile's
+(default 4x it, within the serving length), drawn with their own seed; the plan records their slots, and
+`validate` leaves them out, so the windows a user judges the plan on are neither the profile's nor these. The
+candidate with the lowest measured KL is the plan; if it is a uniform configuration, the plan says so
+(`solver.select.uniform_won`) and is that configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from .errors import SensprofError
+from .artifacts import Plan
+from .schemes import get_scheme
+
+SELECT_SEED_OFFSET = 2  # the profile's windows use its seed, validate's seed + 1, these seed + 2
+UNIFORM_CANDIDATES = 3  # uniform configurations the priced profile predicts best (plus the richest one)
+
+
+def selection_windows(tokenizer, plan: Plan, windows: int, seq_len: int):
+    """(ids, slots): windows of the profile's text that overlap no profiled window."""
+    from .data import bos_prefix, overlapping_slots, select_windows
+
+    settings = plan.profile.settings
+    prefix = len(bos_prefix(tokenizer))
+    exclude = overlapping_slots(set(plan.profile.window_slots or []), settings["seq_len"] - prefix, seq_len - prefix)
+    ids, _, _, slots = select_windows(tokenizer, plan.profile.text_files, seq_len, windows,
+                                      settings["seed"] + SELECT_SEED_OFFSET, exclude)
+    return ids, slots
+
+
+def uniform_candidates(problem, budget, layers: list[dict], plan_pairs=None, top: int = UNIFORM_CANDIDATES):
+    """{name: (K, V)}: the uniform configurations of the menus within the budget that the (priced) problem predicts
+    best, and the one that spends the most memory (the best predicted of those)."""
+    from .planner import _runtime_format
+
+    limit = budget.limit(layers)
+    pool = []
+    for k in problem.options["K"]:
+        for v in problem.options["V"]:
+            if not (_runtime_format(k) and _runtime_format(v)):
+                continue
+            cost = sum(budget.cost(get_scheme(k), layer) + budget.cost(get_scheme(v), layer) for layer in layers)
+            if cost > limit * (1 + 1e-9):
+                continue
+            damage = sum(problem.cell(i, "K", k) + problem.cell(i, "V", v) for i in range(len(layers)))
+            pool.append((damage, -cost, k, v))
+    pool.sort()
+    chosen = pool[:top]
+    if pool:
+        richest = min(pool, key=lambda x: (x[1], x[0]))
+        if richest not in chosen:
+            chosen.append(richest)
+    return {f"uniform {k} / {v}": (k, v) for _, _, k, v in chosen}
+
+
+def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len: int | None = None,
+                    device: str = "auto", log=print, dtype=None, device_map=None, trust_remote_code=False,
+                    model: str | None = None, loaded=None) -> Plan:
+    from .models import load_model
+    from .plan import make_plan, priced_table
+    from .planner import problem_from_table
+    from .table import load_profile
+    from .targets import get_target
+    from .validate import layer_choices, measure, plan_reads
+
+    if plan.target != "sensprof":
+        raise SensprofError(f"--select-measured chooses among per-layer plans and uniform configurations; target "
+                            f"{plan.target} chooses one dtype for all layers: drop --select-measured or use "
+                            "--target sensprof")
+    if windows < 1:
+        raise SensprofError(f"--select-measured {windows}: pass the number of windows to measure on, e.g. 2")
+    profile = load_profile(profile_dir, require_complete=True)
+    meta = profile.meta
+    missing = [f for f in meta.get("text_files") or [] if not os.path.exists(f)]
+    if missing:
+        raise SensprofError(f"--select-measured reads the profile's text, but {missing[0]!r} is gone; restore it or "
+                            "drop --select-measured")
+    pricing = plan.predicted.pricing or {}
+    own = int(meta["settings"]["seq_len"])
+    context = int(pricing.get("context_len") or 4 * own)
+    n = seq_len or min(4 * own, context)
+    limit = meta.get("max_positions")
+    if limit and n > int(limit):
+        raise SensprofError(f"--select-seq-len {n} is beyond the model's {limit} positions; pass at most {limit}")
+    if loaded is None:
+        loaded = load_model(model or meta["model"]["id"], device, dtype, device_map, trust_remote_code)
+    ids, slots = selection_windows(loaded.tokenizer, plan, windows, n)
+
+    # the candidates: this plan, plans from other objectives / robustness at the same budget, uniform configurations
+    plans = {"plan": plan}
+    for label, objective, robust in (("plan (robust 1)", "kl", 1.0), ("plan (objective dnll)", "dnll", 0.0)):
+        if (objective, robust) == (plan.objective, plan.solver.robust):
+            continue
+        try:
+            alt = make_plan(profile_dir, "sensprof", budget, objective, robust=robust)
+        except SensprofError:
+            continue
+        plans[label] = alt
+    tgt = get_target("sensprof")
+    table, _ = priced_table(profile, "sensprof", tgt, pricing.get("context_len") or budget.context_len)
+    problem = problem_from_table(table, meta["layers"], "kl")
+    configs, seen = {}, set()
+    for name, p in plans.items():
+        key = tuple((q.k_scheme, q.v_scheme) for q in p.layers)
+        if key not in seen:
+            seen.add(key)
+            configs[name] = p.layers
+    uniforms = uniform_candidates(problem, budget, meta["layers"])
+    for name, pair in uniforms.items():
+        key = (pair,) * len(plan.layers)
+        if key not in seen:
+            seen.add(key)
+            configs[name] = layer_choices(plan, pair)
+    reads = plan_reads(plan)
+    log(f"select: measuring {len(configs)} candidates on {ids.shape[0]} x {ids.shape[1]} unseen tokens, read {reads}")
+    measured = measure(loaded.model, ids, configs, reads=reads)
+    rows = []
+    for name, layers in configs.items():
+        pred = sum(problem.cell(p.layer, "K", p.k_scheme) if p.k_scheme != "none" else 0.0 for p in layers) + \
+            sum(problem.cell(p.layer, "V", p.v_scheme) if p.v_scheme != "none" else 0.0 for p in layers)
+        cost = sum(budget.cost(get_scheme(p.k_scheme), info) + budget.cost(get_scheme(p.v_scheme), info)
+                   for p, info in zip(layers, meta["layers"]))
+        rows.append({"name": name, "uniform": name in uniforms, "predicted_kl": pred,
+                     "measured_kl": measured[name]["kl"], "budget_used": cost})
+        log(f"  {name:<40} predicted {pred:.3e}  measured {measured[name]['kl']:.3e}")
+    best = min(rows, key=lambda r: r["measured_kl"])
+    record = {"windows": int(ids.shape[0]), "seq_len": int(ids.shape[1]), "seed": meta["settings"]["seed"]
+              + SELECT_SEED_OFFSET, "window_slots": list(slots), "reads": reads, "candidates": rows,
+              "chosen": best["name"], "uniform_won": bool(best["uniform"])}
+    if best["uniform"]:
+        k, v = uniforms[best["name"]]
+        chosen = plan.replace(layers=tuple(dataclasses.replace(
+            p, k_scheme=k, v_scheme=v, k_damage=problem.cell(p.layer, "K", k), v_damage=problem.cell(p.layer, "V", v))
+            for p in plan.layers))
+        from .plan import held_avg_bits, predicted_summary
+
+        at = plan.predicted.context_len
+        chosen = chosen.replace(predicted=dataclasses.replace(
+            plan.predicted, damage=best["predicted_kl"], budget_used=best["budget_used"],
+            **predicted_summary(chosen.layers), **({"avg_bits_at_context": held_avg_bits(chosen.layers, at)}
+                                                   if at else {})))
+        log(f"select: the uniform configuration {k} / {v} measured lower KL than every plan "
+            f"({best['measured_kl']:.3e} vs {min(r['measured_kl'] for r in rows if not r['uniform']):.3e}): "
+            "the plan is that configuration")
+    else:
+        chosen = plans[best["name"]]
+        log(f"select: {best['name']} measured the lowest KL ({best['measured_kl']:.3e})")
+    return chosen.replace(solver=dataclasses.replace(chosen.solver, select=record))

@@ -1,0 +1,97 @@
+"""`plan --select-measured N` (sensprof.selection) on a tiny random model: the final plan is the candidate with the
+lowest measured KL on windows neither the profile nor validate uses; a uniform configuration that wins is the plan."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import types
+
+import pandas as pd
+import pytest
+import torch
+from conftest import one_error_line, run_cli
+
+from sensprof.artifacts import load_plan
+from sensprof.cli import main
+from sensprof.models import load_model
+from sensprof.selection import selection_windows
+from sensprof.validate import validation_windows
+
+K = "int2_c32,int4_c32,int8_c32"
+V = "int2_t32,int4_t32,int8_t32"
+
+
+@pytest.fixture(scope="module")
+def sel(tiny_model_dir, tmp_path_factory, _one_thread):
+    root = tmp_path_factory.mktemp("select")
+    prof = root / "profile"
+    assert main(["profile", "--model", tiny_model_dir, "--seq-len", "32", "--windows", "2", "--k-schemes", K,
+                 "--v-schemes", V, "--out", str(prof), "--device", "cpu", "--quiet"]) == 0
+    return types.SimpleNamespace(root=root, profile=str(prof), model=tiny_model_dir)
+
+
+def _plan(capsys, profile, out, *extra):
+    rc, stdout, err = run_cli(capsys, "plan", profile, "--avg-bits", "5", "--select-measured", "2", "--device", "cpu",
+                              "--out", out, *extra)
+    assert rc == 0, err
+    return load_plan(str(out)), stdout
+
+
+def test_the_plan_is_the_candidate_measured_best(sel, capsys):
+    plan, out = _plan(capsys, sel.profile, sel.root / "p.json")
+    s = plan.solver.select
+    assert s["windows"] == 2 and s["seq_len"] == 128 and s["reads"] == "streaming"  # 4x the profile's 32 tokens
+    names = [c["name"] for c in s["candidates"]]
+    assert names[0] == "plan" and any(c["uniform"] for c in s["candidates"])
+    best = min(s["candidates"], key=lambda c: c["measured_kl"])
+    assert s["chosen"] == best["name"] and s["uniform_won"] == best["uniform"]
+    for c in s["candidates"]:  # every candidate fits the budget
+        assert c["budget_used"] <= plan.predicted.budget_limit * (1 + 1e-9)
+        assert c["measured_kl"] > 0
+    assert "chosen by measured KL on 2 x 128 unseen tokens" in out
+    # the windows it chose on: none of the profile's, none of those validate will judge the plan on
+    tok = load_model(sel.model, "cpu").tokenizer
+    chosen_on, slots = selection_windows(tok, plan, 2, 128)
+    assert slots == s["window_slots"]
+    chosen_text = [",".join(map(str, r.tolist()[1:])) for r in chosen_on]
+    for n in (32, 128):  # no window validate judges on shares text with the selection's (the BOS aside)
+        for r in validation_windows(plan, tok, 2, n):
+            body = ",".join(map(str, r.tolist()[1:9]))  # its first 8 tokens after the BOS
+            assert not any(body in c for c in chosen_text), n
+
+
+def test_a_uniform_configuration_that_measures_best_is_the_plan(sel, tmp_path, capsys):
+    """A profile that lies (int2 values free, int4/int8 values ruinous): every plan takes int2 values, and the
+    uniform configuration that spends the budget measures lower: the plan becomes it and says so."""
+    bad = tmp_path / "lying-profile"
+    shutil.copytree(sel.profile, bad)
+    t = pd.read_csv(bad / "profile.csv")
+    two = (t.tensor == "V") & (t.scheme == "int2_t32")
+    rich = (t.tensor == "V") & (t.scheme != "int2_t32")
+    t.loc[two, ["kl", "kl_std", "dnll"]] = [1e-9, 0.0, 1e-9]
+    t.loc[rich, ["kl", "kl_std", "dnll"]] = [1.0, 0.0, 1.0]
+    t.to_csv(bad / "profile.csv", index=False)
+    plan, out = _plan(capsys, str(bad), tmp_path / "p.json")
+    s = plan.solver.select
+    assert all(p.v_scheme == "int2_t32" for p in load_plan_candidates(str(bad), tmp_path))
+    assert s["uniform_won"] and s["chosen"] == "uniform int4_c32 / int4_t32"
+    assert {(p.k_scheme, p.v_scheme) for p in plan.layers} == {("int4_c32", "int4_t32")}
+    assert "the uniform configuration int4_c32 / int4_t32 measured lower KL than every plan" in out
+    assert json.load(open(tmp_path / "p.json"))["solver"]["select"]["uniform_won"] is True
+
+
+def load_plan_candidates(profile, tmp_path):
+    """The planner's own plan from that profile (no selection): its layers."""
+    assert main(["plan", profile, "--avg-bits", "5", "--out", str(tmp_path / "raw.json")]) == 0
+    return load_plan(str(tmp_path / "raw.json")).layers
+
+
+def test_select_measured_bad_input(sel, capsys):
+    line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "-1"))
+    assert "--select-measured N takes a number of windows" in line
+    line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-seq-len", "64"))
+    assert "--select-seq-len needs --select-measured N" in line
+    line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "1",
+                                   "--select-seq-len", "100000", "--device", "cpu"))
+    assert "beyond the model's 512 positions" in line
