@@ -67,11 +67,11 @@ def _damage(table, layer, tensor, scheme, objective) -> float:
 def priced_table(profile, target: str, tgt, context_len: int | None):
     """(the profile's usable cells priced for the target's reads at the serving length, Pricing): sensprof.pricing."""
     from .pricing import price
-    from .planner import _runtime_format
+    from .planner import runtime_format
     from .table import length_profiles, usable_cells
 
     table = usable_cells(profile)
-    usable = ({s for s in table.scheme if _runtime_format(s)} if tgt.structure == "free"
+    usable = ({s for s in table.scheme if runtime_format(s)} if tgt.structure == "free"
               else set(tgt.schemes_needed()))
     shorter = {n: p.table for n, p in length_profiles(profile).items()
                if n < int(profile.meta["settings"]["seq_len"])} if profile.path else {}

@@ -136,7 +136,7 @@ def _plan_free(problem: Problem, target: Target, budget: Budget, near=None) -> S
 
     t0 = time.perf_counter()
     layers, limit, sc = problem.layers, budget.limit(problem.layers), _scale(problem)
-    opts = {t: [s for s in problem.options[t] if _runtime_format(s)] + [NONE] for t in ("K", "V")}
+    opts = {t: [s for s in problem.options[t] if runtime_format(s)] + [NONE] for t in ("K", "V")}
     min_cost = sum(min(_cost(budget, layer, s) for s in opts[t]) for layer in layers for t in ("K", "V"))
     _require_feasible(min_cost, budget, layers, target)
     prob = pulp.LpProblem("sensprof_free", pulp.LpMinimize)
@@ -162,7 +162,7 @@ def _plan_free(problem: Problem, target: Target, budget: Budget, near=None) -> S
     return _finish(problem, budget, choices, {}, status, time.perf_counter() - t0)
 
 
-def _runtime_format(name: str) -> bool:
+def runtime_format(name: str) -> bool:
     """The free target is run by sensprof's runtime, which stores sensprof's formats, not an engine's."""
     s = get_scheme(name)
     return not (s.is_engine or s.query)

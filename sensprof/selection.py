@@ -39,13 +39,13 @@ def selection_windows(tokenizer, plan: Plan, windows: int, seq_len: int):
 def uniform_candidates(problem, budget, layers: list[dict], plan_pairs=None, top: int = UNIFORM_CANDIDATES):
     """{name: (K, V)}: the uniform configurations of the menus within the budget that the (priced) problem predicts
     best, and the one that spends the most memory (the best predicted of those)."""
-    from .planner import _runtime_format
+    from .planner import runtime_format
 
     limit = budget.limit(layers)
     pool = []
     for k in problem.options["K"]:
         for v in problem.options["V"]:
-            if not (_runtime_format(k) and _runtime_format(v)):
+            if not (runtime_format(k) and runtime_format(v)):
                 continue
             cost = sum(budget.cost(get_scheme(k), layer) + budget.cost(get_scheme(v), layer) for layer in layers)
             if cost > limit * (1 + 1e-9):
