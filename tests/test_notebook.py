@@ -29,5 +29,7 @@ def test_walkthrough_notebook_executes_and_shows_its_plots(tmp_path):
     assert "measured" in text.lower() or "meas KL" in text  # the validation table
     assert "tokens/s" in text and "# cache:" in text  # generate through the packed cache
     assert "retrieval" in text  # eval
+    results = "".join(o.get("data", {}).get("text/plain", "") for o in outputs if o.output_type == "execute_result")
+    assert "vllm-cpu" in results and "kl_ratio" in results  # the engine check beside the emulation
     out = tmp_path / "walkthrough_out"
     assert (out / "report" / "report.html").exists() and (out / "plan-vllm.json").exists()
