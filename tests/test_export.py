@@ -522,17 +522,21 @@ def test_write_checkpoint(fp8_plan, tiny_model_dir, capsys):
     assert "exists and is not an empty directory" in line
 
 
-@pytest.mark.parametrize("dtype", ["int8_per_token_head", "fp8_e5m2"])
-def test_write_checkpoint_without_scales(fp8_plan, capsys, dtype):
-    """Dynamic-scale dtypes: a plain bf16 model directory, no scales, no kv_cache_scheme; dtype on the command line."""
+@pytest.mark.parametrize("dtype, scheme", [("int8_per_token_head", "int8_per_token_head"), ("fp8_e5m2", "fp8_e5m2"),
+                                           ("fp8", "fp8_e4m3")])
+def test_write_checkpoint_without_scales(fp8_plan, capsys, dtype, scheme):
+    """Dynamic-scale dtypes, and fp8 priced at scale 1.0: a plain bf16 model directory, no scales, no kv_cache_scheme
+    (which would make vLLM quantize with scales the plan was not priced with, even under --kv-cache-dtype auto);
+    the dtype goes on the command line."""
     plan = load_plan(fp8_plan.path)
-    plan = plan.replace(engine=dataclasses.replace(plan.engine, kv_cache_dtype=dtype, k_scheme=dtype, v_scheme=dtype,
+    plan = plan.replace(engine=dataclasses.replace(plan.engine, kv_cache_dtype=dtype, k_scheme=scheme, v_scheme=scheme,
                                                    needs_scales=False),
-                        layers=tuple(p if p.k_scheme == "none" else dataclasses.replace(p, k_scheme=dtype, v_scheme=dtype)
+                        layers=tuple(p if p.k_scheme == "none" else dataclasses.replace(p, k_scheme=scheme,
+                                                                                        v_scheme=scheme)
                                      for p in plan.layers))
-    path = str(fp8_plan.root / f"{dtype}.json")
+    path = str(fp8_plan.root / f"{dtype}-{scheme}.json")
     plan.save(path)
-    target = fp8_plan.root / f"ckpt-{dtype}"
+    target = fp8_plan.root / f"ckpt-{dtype}-{scheme}"
     rc, out, err = run_cli(capsys, "export", path, "--format", "vllm", "--write-checkpoint", target)
     assert rc == 0, err
     args = parse_vllm(out, model=str(target))
