@@ -37,8 +37,9 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
     `out_dir`, the others into `out_dir`/lengths/<L>. `layers`: a list or a spec such as "0-11". `ray`: True (a
     Ray cluster on this machine, or the one already initialized) or a Ray address ("auto", "host:6379",
     "ray://host:10001") fans the cells out over `ray_workers` workers (default one per GPU, else per CPU), each
-    loading the model on `ray_gpus_per_worker` GPUs (default 1; more with `device_map="auto"`). Returns the
-    `Profile` of the longest length (its `.table` is a pandas DataFrame, one row per layer x tensor x scheme).
+    loading the model on `ray_gpus_per_worker` GPUs (default 1; more with `device_map="auto"`). `reads`: how the
+    profiled cache is read, "streaming" or "all" (default: the `target`'s regime, sensprof.pricing; streaming
+    without one). Returns the `Profile` of the longest length (its `.table` is a pandas DataFrame, one row per layer x tensor x scheme).
     """
     from .data import load_text, parse_seq_lens
     from .profile import check_modes

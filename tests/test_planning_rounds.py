@@ -262,3 +262,21 @@ def test_trust_region_bounds_the_changed_choices(menu_run):
         assert near.cost <= near.limit * (1 + 1e-9)
     with pytest.raises(SensprofError, match="per-layer choices"):
         plan(problem, get_target("sglang"), Budget("avg_bits", 8.0), near=(start, 1))
+
+
+def test_a_profile_of_two_lengths_measures_its_extrapolation(menu_run):
+    """The plan's pricing extrapolates from 128 tokens to the serving length; the profile's 64-token length measures
+    how well the same rule carries 64 tokens to 128 (sensprof.pricing.extrapolation_error)."""
+    from sensprof.budget import Budget
+    from sensprof.plan import make_plan
+    from sensprof.pricing import scale
+
+    plan = make_plan(menu_run.profile, "sensprof", Budget("avg_bits", 6))
+    err = plan.predicted.pricing["extrapolation_error"]
+    assert err["from_len"] == 64 and err["to_len"] == 128
+    short = load_profile(os.path.join(menu_run.profile, "lengths", "64")).table
+    long = load_profile(menu_run.profile).table
+    for s in ("int4_c32", "int4_t32"):
+        a, b = short[short.scheme == s].kl.sum(), long[long.scheme == s].kl.sum()
+        assert err["measured_over_extrapolated"][s] == pytest.approx(b / (a * scale(s, "streaming", 64, 128)), rel=1e-3)
+    assert "int4_c128" not in err["measured_over_extrapolated"]  # a 64-token window holds no whole 128-token group
