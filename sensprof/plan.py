@@ -87,7 +87,10 @@ def make_plan(profile_dir: str, target: str, budget, objective: str = "kl", num_
     get_target(target, vllm_gpu, llamacpp_build)  # a bad target or option fails before the profile is read
     profile = load_profile(profile_dir, require_complete=True)
     tgt = get_target(target, vllm_gpu, llamacpp_build, {layer["head_dim"] for layer in profile.meta["layers"]})
-    context = budget.max_model_len if budget.kind == "serving" else budget.context_len
+    context = budget.context_len
+    if budget.kind == "serving":  # damage priced at the longest request vLLM serves, which the model's positions cap
+        limit = profile.meta.get("max_positions")
+        context = min(budget.max_model_len, int(limit)) if limit else budget.max_model_len
     table, pricing = priced_table(profile, target, tgt, context)
     problem = problem_from_table(table, profile.meta["layers"], objective, robust)
     solution = plan(problem, tgt, budget, num_skip)
