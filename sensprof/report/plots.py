@@ -332,8 +332,14 @@ def plan_damage(df, title: str, measured: bool) -> Figure:
     for lab, c in zip(ax.get_yticklabels(), df.config):
         if c == "plan":
             lab.set_fontweight("bold")
+    return _finish_kl_bars(fig, ax, n, title,
+                           "KL(baseline ‖ quantized), mean per token (log scale); label: configuration (bits per element)")
+
+
+def _finish_kl_bars(fig, ax, n: int, title: str, xlabel: str) -> Figure:
+    """The common end of a horizontal KL bar chart: rows top-down, grid, legend above, title."""
     ax.set_ylim(n - 0.5, -0.5)
-    ax.set_xlabel("KL(baseline ‖ quantized), mean per token (log scale); label: configuration (bits per element)")
+    ax.set_xlabel(xlabel)
     ax.grid(True, axis="x", which="major", alpha=0.3)
     ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncols=2, borderaxespad=0, frameon=False)
     fig.suptitle(title, fontsize=11)
@@ -385,9 +391,5 @@ def engine_check(df, title: str) -> Figure:
     ax.set_yticks(y)
     ax.set_yticklabels([f"{c} @ {n}" + ("" if ok else "  (disagrees)") for c, n, ok in
                         zip(df.config, df.seq_len, df.agrees)], fontsize=8)
-    ax.set_ylim(n - 0.5, -0.5)
-    ax.set_xlabel("KL(engine's own baseline ‖ quantized), mean per token (log scale); label: configuration @ tokens")
-    ax.grid(True, axis="x", which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncols=2, borderaxespad=0, frameon=False)
-    fig.suptitle(title, fontsize=11)
-    return fig
+    return _finish_kl_bars(fig, ax, n, title, "KL(engine's own baseline ‖ quantized), mean per token (log scale); "
+                                              "label: configuration @ tokens")
