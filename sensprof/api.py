@@ -240,11 +240,13 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     suffix = f".engine-{engine}.csv" if engine else ".validation.csv"
     out = out or os.path.splitext(plan_path)[0] + suffix
     check_writable(out, "--out", "file")
+    engine_log = os.path.splitext(out)[0] + ".log"  # the engine's output, written only when it failed
     if engine is not None:
         from .engines.run.python import find_engine_python
         from .validate_engine import check_engine_for_plan
 
-        check_engine_for_plan(engine, result, find_engine_python(engine, engine_python))  # before loading
+        engine_at = find_engine_python(engine, engine_python)
+        runs = check_engine_for_plan(engine, result, engine_at)  # before loading: each refusal costs nothing
         dtype = dtype or "float32"  # the engine serves the float32 weights sensprof measures
     loaded = load_for_plan(result, model, device, dtype, device_map, trust_remote_code)
     frames = []
@@ -253,8 +255,7 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
             from .validate_engine import format_engine_table, validate_with_engine
 
             ids = validation_windows(result, loaded.tokenizer, windows, n)
-            df = pd.DataFrame(validate_with_engine(result, loaded, engine, ids, engine_python,
-                                                   os.path.splitext(out)[0] + ".log")).assign(seq_len=n)
+            df = pd.DataFrame(validate_with_engine(engine_at, runs, loaded, ids, engine_log)).assign(seq_len=n)
             log(f"{engine} ({df.engine.iloc[0]}) vs sensprof's emulation, {ids.shape[0]} unseen windows of {n} "
                 "tokens:")
             log(format_engine_table(df))
@@ -265,12 +266,12 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
         frames.append(df)
     df = pd.concat(frames, ignore_index=True)
     atomic_write_text(out, df.to_csv(index=False))
-    if engine is not None and os.path.exists(os.path.splitext(out)[0] + ".log"):
-        os.remove(os.path.splitext(out)[0] + ".log")  # the engine's output is kept only when it failed
     note = None if engine else advantage_note(df)
     if engine is not None and not df.agrees.all():
+        from .validate_engine import DNLL_SE, KL_REL_TOL
+
         note = (f"note: {engine} and sensprof's emulation disagree beyond the bounds (KL within "
-                f"{int(100 * 0.15)}%, mean dNLL within 2 SE) for: "
+                f"{KL_REL_TOL:.0%}, mean dNLL within {DNLL_SE:g} SE) for: "
                 + ", ".join(f"{r.config} at {r.seq_len}" for r in df[~df.agrees].itertuples()))
     return Validation(df, note, out)
 

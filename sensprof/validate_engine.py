@@ -27,7 +27,7 @@ import torch
 
 from .artifacts import LayerPlan, Plan
 from .engines.run.process import run_job
-from .engines.run.python import EnginePython, find_engine_python
+from .engines.run.python import EnginePython
 from .errors import SensprofError
 
 # The agreement the tests hold an engine to (issue 23): KL within 15%, mean ΔNLL within 2 standard errors of the
@@ -219,10 +219,11 @@ def engine_damage(engine: str, loaded, ids: torch.Tensor, runs: list[EngineRun],
                             "vLLM's hidden states cannot be scored; --engine vllm needs such a model")
     with torch.no_grad():
         base = Baseline(head, raw[runs[0].name]["hidden"].to(head.weight.dtype), ids)
+        base_nll = base.token_nll()
         out = {}
         for r in runs[1:]:
             m = base.compare(raw[r.name]["hidden"].to(head.weight.dtype), per_token=True)
-            out[r.name] = TokenDamage(m["kl_tokens"], m["dnll_tokens"], base.token_nll())
+            out[r.name] = TokenDamage(m["kl_tokens"], m["dnll_tokens"], base_nll)
     return out
 
 
@@ -291,21 +292,16 @@ def check_engine_for_plan(engine_name: str, plan: Plan, engine: EnginePython) ->
     return [VLLM_BASELINE, run]
 
 
-def validate_with_engine(plan: Plan, loaded, engine_name: str, ids: torch.Tensor, engine_python: str | None,
+def validate_with_engine(engine: EnginePython, runs: list[EngineRun], loaded, ids: torch.Tensor,
                          log_path: str) -> list[dict]:
-    engine = find_engine_python(engine_name, engine_python)
-    runs = check_engine_for_plan(engine_name, plan, engine)
-    limit = _max_positions(loaded.model)
+    """The runs check_engine_for_plan gave, on windows `ids`, refused first if they exceed the model's positions."""
+    from .models import max_positions
+
+    limit = max_positions(loaded.model)
     if limit is not None and ids.shape[1] + 1 > limit:
         raise SensprofError(f"windows of {ids.shape[1]} tokens do not fit the engine's context of {limit} positions; "
                             "pass a shorter --seq-len")
-    return compare_with_engine(engine_name, engine, loaded, ids, runs, log_path)
-
-
-def _max_positions(model):
-    from .models import max_positions
-
-    return max_positions(model)
+    return compare_with_engine(engine.engine, engine, loaded, ids, runs, log_path)
 
 
 def format_engine_table(df) -> str:

@@ -134,3 +134,11 @@ def test_cli_validate_engine_refusals_are_one_line(tmp_path, capsys, model):
                                    str(tmp_path / "nowhere" / "python")))
     assert "--engine-python" in line and "does not exist" in line
     assert not os.path.exists(tmp_path / "plan.engine-vllm.csv")
+
+
+def test_a_successful_engine_run_leaves_a_file_at_the_log_path_alone(tmp_path):
+    """The log path sits beside the user's CSV: only a failure writes it, and success never removes or rewrites it."""
+    log = tmp_path / "mine.log"
+    log.write_text("the user's own notes")
+    run_job("vllm", "/bin/true", {"configs": []}, str(tmp_path), str(log))  # an "engine" that succeeds at once
+    assert log.read_text() == "the user's own notes"

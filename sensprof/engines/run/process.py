@@ -9,6 +9,7 @@ import re
 import subprocess
 
 from ...errors import SensprofError
+from ...files import atomic_write_text
 
 RUNNERS = {"vllm": "vllm_runner.py", "llamacpp": "llamacpp_runner.py"}
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|Killed|Segmentation fault|out of memory)", re.I)
@@ -23,14 +24,16 @@ def last_error(text: str) -> str:
 
 
 def run_job(engine: str, python: str, job: dict, workdir: str, log_path: str, timeout: float | None = None) -> None:
-    """Write the job into workdir and run the engine's runner on it; the engine's output goes to log_path."""
+    """Write the job into workdir and run the engine's runner on it; its output is kept at log_path only when it
+    fails (a successful run writes nothing there, so a file of that name is never touched)."""
     job_path = os.path.join(workdir, f"{engine}-job.json")
     with open(job_path, "w") as f:
         json.dump(job, f)
     script = os.path.join(os.path.dirname(__file__), RUNNERS[engine])
+    run_log = os.path.join(workdir, f"{engine}.log")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("PYTHONPATH", None)  # the engine's environment, not sensprof's
-    with open(log_path, "w") as log:
+    with open(run_log, "w") as log:
         try:
             r = subprocess.run([python, script, job_path], stdout=log, stderr=subprocess.STDOUT, env=env,
                                timeout=timeout, stdin=subprocess.DEVNULL)
@@ -39,8 +42,9 @@ def run_job(engine: str, python: str, job: dict, workdir: str, log_path: str, ti
                                 "(--windows, --seq-len)") from None
     if r.returncode != 0:
         errors = [open(p).read().strip() for p in _error_files(job)]
-        with open(log_path, errors="replace") as f:
+        with open(run_log, errors="replace") as f:
             text = f.read()
+        atomic_write_text(log_path, text)
         why = errors[-1] if errors else last_error(text)
         if r.returncode < 0:
             why = f"{why} (the process was killed by signal {-r.returncode})"
