@@ -45,7 +45,7 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
     from .profile import check_modes
     from .specs import parse_layers
     from .table import length_dir
-    from .targets import profile_menu
+    from .targets import llamacpp_channel_order, profile_menu
 
     schemes, k_schemes, v_schemes = (",".join(x) if isinstance(x, (list, tuple)) else x
                                      for x in (schemes, k_schemes, v_schemes))
@@ -90,7 +90,8 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
                                                       log=_stderr_line if progress else None))
             shape = cluster.shape
         layers = parse_layers(layers, shape["layers"]) if layers is None or isinstance(layers, str) else layers
-        menu = profile_menu(schemes, target, vllm_gpu, set(shape["head_dims"]), k_schemes, v_schemes)
+        menu = profile_menu(schemes, target, vllm_gpu, set(shape["head_dims"]), k_schemes, v_schemes,
+                            llamacpp_channel_order(shape.get("model_class")))
         parse_seq_lens(seq_len, shape["max_positions"])
         result = None
         for n in lengths:  # the shorter ones first (cheap), the longest last: it is the profile the planner reads
@@ -132,7 +133,7 @@ def _profiled_model(model, tokenizer, device, dtype, device_map, trust_remote_co
         register()
     infos = describe_layers(model)
     shape = {"layers": len(infos), "head_dims": sorted({i.head_dim for i in infos}),
-             "max_positions": max_positions(model)}
+             "max_positions": max_positions(model), "model_class": type(model).__name__}
     return model, tokenizer, model_id, shape
 
 

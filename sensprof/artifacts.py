@@ -74,6 +74,7 @@ class SglangSettings(EngineSettings):
 class LlamacppSettings(EngineSettings):
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
+    channel_order: str = "halves"  # the GGUF's key channel order the plan was priced in (engines/llamacpp/catalog.py)
 
 
 ENGINE_SETTINGS: dict[str, type[EngineSettings]] = {

@@ -226,7 +226,8 @@ class Worker:
                 self.loaded = load_model(o["model"], o["device"], o["dtype"], o["device_map"], o["trust_remote_code"])
             infos = describe_layers(self.loaded.model)
             return {"layers": len(infos), "head_dims": sorted({i.head_dim for i in infos}),
-                    "max_positions": max_positions(self.loaded.model), "node": _node()}
+                    "max_positions": max_positions(self.loaded.model),
+                    "model_class": type(self.loaded.model).__name__, "node": _node()}
         return _guarded(run)
 
     def prepare(self, menu, text: str, text_name: str, seq_len: int, windows: int, seed: int, layers: list[int],

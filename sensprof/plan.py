@@ -82,11 +82,12 @@ def make_plan(profile_dir: str, target: str, budget, objective: str = "kl", num_
               llamacpp_build=None, robust: float = 0.0) -> Plan:
     from .planner import plan, problem_from_table
     from .table import load_profile
-    from .targets import get_target
+    from .targets import get_target, llamacpp_channel_order
 
     get_target(target, vllm_gpu, llamacpp_build)  # a bad target or option fails before the profile is read
     profile = load_profile(profile_dir, require_complete=True)
-    tgt = get_target(target, vllm_gpu, llamacpp_build, {layer["head_dim"] for layer in profile.meta["layers"]})
+    tgt = get_target(target, vllm_gpu, llamacpp_build, {layer["head_dim"] for layer in profile.meta["layers"]},
+                     llamacpp_channel_order(profile.meta["model"].get("class")))
     context = budget.context_len
     if budget.kind == "serving":  # damage priced at the longest request vLLM serves, which the model's positions cap
         limit = profile.meta.get("max_positions")

@@ -165,7 +165,7 @@ def _plan_free(problem: Problem, target: Target, budget: Budget, near=None) -> S
 def runtime_format(name: str) -> bool:
     """The free target is run by sensprof's runtime, which stores sensprof's formats, not an engine's."""
     s = get_scheme(name)
-    return not (s.is_engine or s.query)
+    return not (s.is_engine or s.query or s.rotation)
 
 
 def _polish(problem: Problem, budget: Budget, opts, pick: dict, limit: float, anchor=None, max_changes=None) -> None:
@@ -329,5 +329,5 @@ def _plan_pairs(problem: Problem, target: Target, budget: Budget, tied: bool) ->
         engine = {"kv_cache_dtype": dk.flag_value, "k_scheme": dk.k_scheme, "v_scheme": dk.v_scheme,
                   "needs_scales": dk.needs_scales}
     else:
-        engine = {"cache_type_k": dk.flag_value, "cache_type_v": dv.flag_value}
+        engine = {"cache_type_k": dk.flag_value, "cache_type_v": dv.flag_value, "channel_order": target.channel_order}
     return _finish(problem, budget, choices, engine, status, elapsed)

@@ -7,11 +7,13 @@ the scale as stored (fp16 where the scheme stores fp16), as llama.cpp does.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from .constants import FP8_MAX
+from .rotation import rotate, unrotate
 from .schemes import QuantScheme
 
 FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -152,6 +154,10 @@ def fake_quant(x: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor | None
         from .engines.emulations import emulate
 
         return emulate(scheme, x)
+    if scheme.rotation:  # the engine quantizes in its rotated basis; attention reads it back in x's
+        plain = dataclasses.replace(scheme, rotation="", channel_order="halves")
+        y = fake_quant(rotate(x, scheme.rotation, scheme.channel_order), plain, absmax)
+        return unrotate(y, scheme.rotation, scheme.channel_order).to(x.dtype)
     out_dtype = x.dtype
     xf = x.float()
     s = min(scheme.sink, xf.shape[-2])
@@ -190,4 +196,8 @@ def quantize_query(key_scheme: QuantScheme | None, query: torch.Tensor) -> torch
         return query
     from .engines.emulations import get_query_transform
 
-    return get_query_transform(key_scheme.query)(query).to(query.dtype)
+    transform = get_query_transform(key_scheme.query)
+    if key_scheme.rotation:  # rotated with the keys, transformed there (llama.cpp: q8 blocks of the rotated query)
+        r, o = key_scheme.rotation, key_scheme.channel_order
+        return unrotate(transform(rotate(query, r, o)), r, o).to(query.dtype)
+    return transform(query).to(query.dtype)

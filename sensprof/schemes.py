@@ -33,6 +33,11 @@ SCALE_SOURCES = ("none", "dynamic", "unit", "calibrated")
 # fp8 only: "nearest" is the saturating cast (round to nearest even) of the GPU writers; "toward_zero" is vLLM's
 # CPU backend, which multiplies by the scale's inverse and truncates the mantissa (csrc/cpu/cpu_attn_fp8.hpp)
 ROUNDINGS = ("nearest", "toward_zero")
+# An orthogonal rotation the engine applies before the codec (rotation.py): "hadamard_keys" (the largest
+# power-of-two block of at least 64 dividing head_dim) or "hadamard64", over its channel order: "halves" is the
+# model's own, "interleaved" a Llama-family GGUF's (rotary pairs adjacent)
+ROTATIONS = ("", "hadamard_keys", "hadamard64")
+CHANNEL_ORDERS = ("halves", "interleaved")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +62,8 @@ class QuantScheme:
     scale_floor: float = 0.0  # dynamic scales below this are raised to it (vLLM per-token-head: 1e-6)
     query: str = ""  # keys only: the engine's transform of the query (e.g. its fp8 cast), an emulation key
     rounding: str = "nearest"  # fp8 codes: ROUNDINGS
+    rotation: str = ""  # ROTATIONS: K or V rotated before the codec, the query with the keys (llama.cpp)
+    channel_order: str = "halves"  # CHANNEL_ORDERS: the channel order the rotation acts on
 
     def __post_init__(self):
         def bad(what):
@@ -74,6 +81,11 @@ class QuantScheme:
             bad("engine formats use the engine codec and name their emulation")
         if self.rounding not in ROUNDINGS or (self.rounding != "nearest" and self.codec != "fp8"):
             bad(f"rounding {self.rounding!r} is not one of {ROUNDINGS} (toward_zero is for fp8 codes)")
+        if self.rotation not in ROTATIONS or self.channel_order not in CHANNEL_ORDERS:
+            bad(f"rotation {self.rotation!r} / channel order {self.channel_order!r}: choose from {ROTATIONS} and "
+                f"{CHANNEL_ORDERS}")
+        if self.rotation and (self.is_engine or self.codec == "none"):
+            bad("a rotation wraps one of sensprof's codecs (an engine format rotates inside its emulation)")
         if self.tensor not in ("", "K", "V"):
             bad(f"tensor {self.tensor!r} is not K, V or empty")
         if self.query and self.tensor != "K":
@@ -217,7 +229,7 @@ def get_scheme(name: str) -> QuantScheme:
         return REGISTRY[name]
     m = _MODIFIERS.match(name)
     base = REGISTRY.get(m.group("base")) if m else None
-    if base is not None and (base.is_engine or base.query):
+    if base is not None and (base.is_engine or base.query or base.rotation):
         raise SensprofError(f"scheme {m.group('base')!r} is an engine's own format and takes no modifiers; "
                             f"use {m.group('base')!r} as it is")
     if base is None or base.is_identity:

@@ -13,7 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from .engines.llamacpp.catalog import CACHE_TYPES, key_scheme
+from .engines.llamacpp.catalog import CACHE_TYPES, key_scheme, value_scheme
+from .engines.llamacpp.catalog import channel_order as llamacpp_channel_order  # noqa: F401  (for plan and api)
 from .engines.vllm.catalog import GPU_NAMES, check_vllm_gpu  # noqa: F401  (no torch; imports nothing from here)
 from .errors import SensprofError
 
@@ -58,6 +59,7 @@ class Target:
     description: str = ""
     gpu: str | None = None  # vllm: the GPU generation the dtypes were chosen for
     pairs: frozenset | None = None  # global_kv: the (K flag, V flag) pairs allowed; None = any
+    channel_order: str = "halves"  # llamacpp: the key channel order of the model's GGUF (engines/llamacpp/catalog.py)
 
     def allows(self, k: EngineDtype, v: EngineDtype) -> bool:
         return self.pairs is None or (k.flag_value, v.flag_value) in self.pairs
@@ -73,9 +75,15 @@ SGLANG_DTYPES = (
     same("fp8_e4m3", "fp8_e4m3_cal", needs_scales=True),
     same("fp8_e5m2"),
 )
-# -ctk / -ctv: a quantized K type comes with its query quantized (engines/llamacpp/query.py), so keys are priced by
-# its `_qq8` scheme; values by the type's own codec
-LLAMACPP_TYPES = (same("f16", "none"), *(EngineDtype(t, key_scheme(t), t) for t in CACHE_TYPES))
+
+
+def llamacpp_types(order: str = "halves") -> tuple[EngineDtype, ...]:
+    """-ctk / -ctv as llama.cpp runs them (engines/llamacpp/catalog.py): rotated K with its query quantized beside
+    it, in the channel order the model's GGUF holds; rotated V."""
+    return (same("f16", "none"), *(EngineDtype(t, key_scheme(t, order), value_scheme(t)) for t in CACHE_TYPES))
+
+
+LLAMACPP_TYPES = llamacpp_types()
 
 # llama.cpp's CUDA flash-attention kernels (ggml/src/ggml-cuda/fattn.cu): without -DGGML_CUDA_FA_ALL_QUANTS=ON a
 # build has them for same-type f16/q4_0/q8_0/bf16 and K q8_0 / V q4_0 only; a quantized K with an f16 V needs no
@@ -112,9 +120,9 @@ def engine_dtypes(gpu: str, head_dims=None):
 
 
 def get_target(name: str, vllm_gpu: str | None = None, llamacpp_build: str | None = None,
-               head_dims=None) -> Target:
+               head_dims=None, channel_order: str = "halves") -> Target:
     """The target as the planner sees it: vLLM's dtypes that run on `vllm_gpu` (default hopper) with the model's
-    `head_dims`, llama.cpp's pairs that `llamacpp_build` runs."""
+    `head_dims`, llama.cpp's pairs that `llamacpp_build` runs, its keys in the GGUF's `channel_order`."""
     try:
         target = TARGETS[name]
     except KeyError:
@@ -126,6 +134,8 @@ def get_target(name: str, vllm_gpu: str | None = None, llamacpp_build: str | Non
     if name == "vllm":
         gpu = check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU)
         return dataclasses.replace(target, dtypes=engine_dtypes(gpu, head_dims), gpu=gpu)
+    if name == "llamacpp" and channel_order != "halves":
+        target = dataclasses.replace(target, dtypes=llamacpp_types(channel_order), channel_order=channel_order)
     if llamacpp_build is not None:
         if llamacpp_build not in LLAMACPP_BUILDS:
             raise SensprofError(f"unknown --llamacpp-build {llamacpp_build!r}; choose one of {', '.join(LLAMACPP_BUILDS)}")
@@ -141,14 +151,14 @@ def engine_dtype_for(target: Target, k_scheme: str, v_scheme: str | None = None)
 
 
 def profile_menu(schemes: str | None, target: str | None, vllm_gpu: str | None, head_dims=None,
-                 k_schemes: str | None = None, v_schemes: str | None = None):
+                 k_schemes: str | None = None, v_schemes: str | None = None, channel_order: str = "halves"):
     """The profile's menu: --schemes (both tensors), --k-schemes, --v-schemes, and what --target needs (both
     tensors, each scheme where it applies); the default K and V menus where none of these name a tensor's."""
     from .schemes import parse_menu
 
     both = [schemes] if schemes else []
     if target is not None and target != "sensprof":
-        both += get_target(target, vllm_gpu, head_dims=head_dims).schemes_needed()
+        both += get_target(target, vllm_gpu, head_dims=head_dims, channel_order=channel_order).schemes_needed()
     elif vllm_gpu is not None:
         raise SensprofError("--vllm-gpu needs --target vllm")
     menu = parse_menu(",".join(both) or None, k_schemes, v_schemes)

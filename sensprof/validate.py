@@ -57,7 +57,7 @@ def reference_configs(plan: Plan) -> dict[str, list[LayerPlan]]:
             if d.k_scheme != "none":
                 configs.setdefault(f"sglang {d.flag_value} ({d.k_scheme}), all layers", layer_choices(plan, d.schemes))
     if plan.target == "llamacpp":
-        for d in get_target("llamacpp").dtypes:
+        for d in get_target("llamacpp", channel_order=plan.engine.channel_order).dtypes:
             if d.k_scheme != "none":
                 configs.setdefault(f"llama.cpp -ctk {d.flag_value} -ctv {d.flag_value}", layer_choices(plan, d.schemes))
     if plan.target != "vllm":

@@ -22,7 +22,8 @@ LAYERS = [
     ["errors", "constants"],
     ["files", "specs"],
     ["engines"],  # what serving engines store: catalogs as data (no torch) and emulations; schemes.py asks them
-    ["", "schemes", "memory", "scheme_tables", "budget", "pricing", "rope", "data", "quant", "screen", "metrics"],
+    ["", "schemes", "memory", "scheme_tables", "budget", "pricing", "rope", "rotation", "data", "quant", "screen",
+     "metrics"],
     ["artifacts", "targets", "planner", "table", "models", "hub"],
     ["hooks", "taps", "outputs", "suffix", "plan", "export"],
     ["profile", "validate", "validate_engine", "selection", "refine", "sweep", "summary", "runtime", "evaluate", "report"],

@@ -25,7 +25,8 @@ from sensprof.schemes import get_scheme, parse_schemes
 from sensprof.table import load_profile
 from sensprof.targets import engine_dtype_for, get_target
 
-SCHEMES = ("fp8_e4m3,fp8_e4m3_cal,int8_per_token_head,int4_per_token_head,q8_0,q4_0,q4_1,q8_0_qq8,q4_0_qq8,q4_1_qq8,"
+SCHEMES = ("fp8_e4m3,fp8_e4m3_cal,int8_per_token_head,int4_per_token_head,q8_0,q4_0,q4_1,"
+           "llamacpp_q8_0.K,llamacpp_q4_0.K,llamacpp_q4_1.K,llamacpp_q8_0.V,llamacpp_q4_0.V,llamacpp_q4_1.V,"
            "int4_c32,int4_t32,int2_c32,int2_t32")
 HEAD_DIM = 32  # tiny gemma3
 

@@ -206,8 +206,8 @@ FREE_K = ["int8_per_token_head", "int4_c32", "int2_c32", "q4_0"]
 FREE_V = ["int8_per_token_head", "int4_t32", "int2_t32"]
 VLLM_SCHEMES = ["fp8_e4m3", "fp8_e4m3_cal", "int8_per_token_head", "int4_per_token_head", "int2_c32"]
 SGLANG_SCHEMES = ["fp8_e4m3", "fp8_e5m2", "fp8_e4m3_cal", "int4_t32"]
-LLAMA_K = ["q8_0_qq8", "q5_1_qq8", "q4_0_qq8", "int2_c32"]  # llama.cpp keys come with their query quantized
-LLAMA_V = ["q8_0", "q5_0", "q4_1"]
+LLAMA_K = ["llamacpp_q8_0.K", "llamacpp_q5_1.K", "llamacpp_q4_0.K", "int2_c32"]  # llama.cpp's rotated keys
+LLAMA_V = ["llamacpp_q8_0.V", "llamacpp_q5_0.V", "llamacpp_q4_1.V"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -278,12 +278,13 @@ def test_llamacpp_k_and_v_types_may_differ():
     layers = [{"kv_heads": 2, "head_dim": 64, "kind": "full", "window": None}] * 3
     damage = {}
     for i in range(3):
-        damage.update({(i, "K", "q8_0_qq8"): 0.001, (i, "K", "q4_0_qq8"): 0.002,
-                       (i, "V", "q8_0"): 0.001, (i, "V", "q4_0"): 1.0})
-    problem = Problem(layers, damage, {"K": ["q8_0_qq8", "q4_0_qq8"], "V": ["q8_0", "q4_0"]})
+        damage.update({(i, "K", "llamacpp_q8_0.K"): 0.001, (i, "K", "llamacpp_q4_0.K"): 0.002,
+                       (i, "V", "llamacpp_q8_0.V"): 0.001, (i, "V", "llamacpp_q4_0.V"): 1.0})
+    problem = Problem(layers, damage, {"K": ["llamacpp_q8_0.K", "llamacpp_q4_0.K"],
+                                       "V": ["llamacpp_q8_0.V", "llamacpp_q4_0.V"]})
     budget = Budget("avg_bits", (4.5 + 8.5) / 2)  # q4_0 = 4.5, q8_0 = 8.5 bits at head_dim 64
     sol = plan(problem, TARGETS["llamacpp"], budget)
-    assert sol.choices == [("q4_0_qq8", "q8_0")] * 3
+    assert sol.choices == [("llamacpp_q4_0.K", "llamacpp_q8_0.V")] * 3
     assert (sol.engine.cache_type_k, sol.engine.cache_type_v) == ("q4_0", "q8_0")
 
 
@@ -684,9 +685,9 @@ def test_vllm_boundary_dtype_chosen_keeps_its_layers_and_num_skip_counts_the_pla
 def test_llamacpp_cuda_default_build_restricts_pairs():
     layers = [{"kv_heads": 2, "head_dim": 64, "kind": "full", "window": None}] * 2
     names = ("q8_0", "q4_0", "q5_1")
-    damage = {(i, t, s + ("_qq8" if t == "K" else "")): {"q8_0": 0.3, "q4_0": 0.5, "q5_1": 0.0}[s]
+    damage = {(i, t, f"llamacpp_{s}.{t}"): {"q8_0": 0.3, "q4_0": 0.5, "q5_1": 0.0}[s]
               for i in range(2) for t in "KV" for s in names}
-    problem = Problem(layers, damage, {"K": [f"{s}_qq8" for s in names], "V": list(names)})
+    problem = Problem(layers, damage, {t: [f"llamacpp_{s}.{t}" for s in names] for t in "KV"})
     sol = plan(problem, get_target("llamacpp"), Budget("avg_bits", 6))
     assert (sol.engine.cache_type_k, sol.engine.cache_type_v) == ("q5_1", "q5_1")
     # A default CUDA build has no q5_1 flash attention: the best pair it runs within 6.5 bits is K q8_0 / V q4_0.

@@ -34,7 +34,8 @@ ENGINE_NAMES = (
     {"int4_per_token_head", "nvfp4", "nvfp4_4over6", "nvfp4_qfp8", "nvfp4_4over6_qfp8", "fp8_e4m3_qfp8",
      "fp8_e4m3_cal_qfp8", "turboquant_k8v4_e4b15.K", "ultraquant_4bit.K", "ultraquant_4bit.V",
      "fp8_e4m3_rtz", "fp8_e4m3_cal_rtz", "fp8_e5m2_rtz"}
-    | {f"{t}_qq8" for t in ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")}  # llama.cpp keys: engines/llamacpp/catalog.py
+    # llama.cpp: rotated keys (both channel orders) and values, engines/llamacpp/catalog.py
+    | {f"llamacpp_{t}.{x}" for t in ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0") for x in ("K", "K_interleaved", "V")}
     | {f"{p}.{t}" for p in TQ + OCTAVE for t in "KV"}
 )
 EXPECTED_NAMES |= ENGINE_NAMES
@@ -50,7 +51,7 @@ def _core(s: QuantScheme) -> tuple:
 
 def test_registry_has_exactly_the_expected_names():
     assert set(REGISTRY) == EXPECTED_NAMES
-    assert len(REGISTRY) == len(EXPECTED_NAMES) == 1 + 6 + 3 + 5 + 36 + 13 + 14 + 5
+    assert len(REGISTRY) == len(EXPECTED_NAMES) == 1 + 6 + 3 + 5 + 36 + 13 + 14 + 15  # llama.cpp: 5 types x 3
 
 
 def test_registry_keys_match_scheme_names():
@@ -168,7 +169,7 @@ def test_engine_schemes_name_their_emulation_and_tensor():
             assert s.emulation.startswith("vllm.")
             key = f"{s.emulation}.{s.tensor}"
             assert get_emulation(key if s.tensor and name.split(".")[-1] in "KV" else s.emulation)
-        if name.endswith((".K", "_qfp8", "_qq8")):
+        if name.endswith((".K", "_qfp8", ".K_interleaved")):
             assert s.applies_to("K") and not s.applies_to("V"), name
         elif name.endswith(".V"):
             assert s.applies_to("V") and not s.applies_to("K"), name

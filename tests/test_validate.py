@@ -367,7 +367,7 @@ def test_reference_configs_of_a_llamacpp_plan(cli_run):
     plan = dataclasses.replace(load_plan(cli_run.plan), target="llamacpp",
                                engine={"cache_type_k": "q8_0", "cache_type_v": "q4_0"})
     refs = reference_configs(plan)
-    assert [(p.k_scheme, p.v_scheme) for p in refs["llama.cpp -ctk q4_0 -ctv q4_0"]] == [("q4_0_qq8", "q4_0")] * 3
+    assert [(p.k_scheme, p.v_scheme) for p in refs["llama.cpp -ctk q4_0 -ctv q4_0"]] == [("llamacpp_q4_0.K", "llamacpp_q4_0.V")] * 3
     assert "llama.cpp -ctk f16 -ctv f16" not in refs
 
 

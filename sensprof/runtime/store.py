@@ -33,6 +33,9 @@ def runtime_problem(scheme: QuantScheme, head_dim: int) -> str | None:
     if scheme.is_engine and layout is None:
         return (f"{scheme.name} is vLLM's own format, emulated for profiling and validation; of vLLM's formats the "
                 f"runtime stores {', '.join(sorted({n.split('.')[1] for n in LAYOUTS}))}")
+    if scheme.rotation:
+        return (f"{scheme.name} is llama.cpp's rotated cache, emulated for profiling and validation; the runtime "
+                f"stores the plain codec ({scheme.name.split('_', 1)[1].split('.')[0]})")
     why = layout.problem(head_dim) if hasattr(layout, "problem") else None  # a layout's own limits
     if why:
         return why
