@@ -4,7 +4,8 @@
 #   vllm target (every vLLM 0.33 dtype on Hopper, vLLM's boundary layers kept): 4.5 (the least any dtype fits in), 5, 6 and 8 bits, from
 #   `sensprof profile --target vllm` (profiles/smollm2-135m-vllm);
 #   vllm on its CPU backend (--vllm-gpu cpu): 8 and 9 bits, each run in vLLM itself beside sensprof's emulation
-#   (`sensprof validate --engine vllm`).
+#   (`sensprof validate --engine vllm`);
+#   llama.cpp: 6 bits, checked in llama.cpp itself (`sensprof validate --engine llamacpp`).
 # Run from the repository root:  bash plans/make_examples.sh
 # Profiles are resumed or reused if present (~16 and ~12 min on 2 CPU cores); each validation runs at the
 # profile's length and at 4x it.
@@ -32,6 +33,13 @@ for bits in 8 9; do
   sensprof validate "$plan" --engine vllm > "${plan%.json}.engine-vllm.txt"
   echo "== $plan"; cat "${plan%.json}.engine-vllm.txt"
 done
+# llama.cpp (llama-cpp-python, CPU): planned for it and checked in the running engine
+lprofile=profiles/smollm2-135m-llamacpp
+sensprof profile --model smollm2-135m --target llamacpp --out "$lprofile" --quiet
+plan=plans/smollm2-135m-llamacpp-6bits.json
+sensprof plan "$lprofile" --target llamacpp --avg-bits 6 --out "$plan" > /dev/null
+sensprof validate "$plan" --engine llamacpp > "${plan%.json}.engine-llamacpp.txt"
+echo "== $plan"; cat "${plan%.json}.engine-llamacpp.txt"
 sensprof report "$profile" --plan plans/smollm2-135m-sensprof-5bits.json --out plans/report > /dev/null
 sensprof report "$vprofile" --plan plans/smollm2-135m-vllm-5bits.json --out plans/report-vllm > /dev/null
 echo "wrote plans/*.json, their .validation.csv/.txt, plans/report/ and plans/report-vllm/"

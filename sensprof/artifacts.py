@@ -256,9 +256,10 @@ class Plan:
         if self.target != "sensprof":
             flags = self.engine.flags() | {"needs_scales": self.engine.needs_scales}
             lines.append("engine: " + ", ".join(f"{k}={v}" for k, v in flags.items()))
-        lines.append("layer kind     K scheme             V scheme")
+        w = max([20, *(len(layer.k_scheme) for layer in self.layers)])  # llama.cpp's key names run longer
+        lines.append(f"layer kind     {'K scheme':<{w}} V scheme")
         for layer in self.layers:
-            lines.append(f"{layer.layer:>5} {layer.kind:<8} {layer.k_scheme:<20} {layer.v_scheme:<20}")
+            lines.append(f"{layer.layer:>5} {layer.kind:<8} {layer.k_scheme:<{w}} {layer.v_scheme}")
         return "\n".join(lines)
 
     def engine_summary(self) -> str:
