@@ -274,9 +274,6 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
         note = (f"note: {engine} and sensprof's emulation disagree beyond the bounds (KL within "
                 f"{KL_REL_TOL:.0%}, mean dNLL within {DNLL_SE:g} SE) for: "
                 + ", ".join(f"{r.config} at {r.seq_len}" for r in df[~df.agrees].itertuples()))
-        if engine == "llamacpp":
-            note += ("; llama.cpp adds about 4e-3 KL with any quantized cache type, beyond what the cache stores "
-                     "(docs/engines.md)")
     return Validation(df, note, out)
 
 

@@ -80,6 +80,37 @@ def test_agreement_figures():
     assert not far["corr_applies"] and far["corr_agrees"] and far["baseline_max_dlogp"] == pytest.approx(0.5)
 
 
+def test_agreement_adds_the_engines_floor():
+    """llama.cpp: the engine's KL is compared with the emulated KL plus the engine's own measured floor; the raw
+    ratio stays in the row."""
+    g = torch.Generator().manual_seed(1)
+    d = torch.rand(2, 400, generator=g, dtype=torch.float64) * 0.01
+    base = torch.rand(2, 400, generator=g, dtype=torch.float64)
+    floor = float(d.mean())  # the engine measures twice the emulation: its floor is as large as the damage
+    eng, emu = _damage(2 * d, d, base), _damage(d, d, base)
+    without = agreement(eng, emu)
+    assert not without["kl_agrees"] and without["raw_kl_ratio"] == pytest.approx(2.0)
+    with_floor = agreement(eng, emu, floor)
+    assert with_floor["kl_agrees"] and with_floor["kl_ratio"] == pytest.approx(1.0)
+    assert with_floor["raw_kl_ratio"] == pytest.approx(2.0) and with_floor["engine_floor_kl"] == floor
+    assert with_floor["emulated_kl"] == pytest.approx(float(d.mean()))
+
+
+def test_llamacpp_runs_include_the_engines_floor(model, monkeypatch):
+    """A llama.cpp plan runs beside the baseline and the floor: the f32 cache through the one-chunk attention every
+    quantized cache takes (a ubatch below ggml-cpu's 64-row tile)."""
+    from sensprof import validate_engine as ve
+
+    monkeypatch.setattr(ve, "gguf_path", lambda model_id: "model.gguf")
+    plan = _plan(model, [("q8_0", "q4_0")] * 2).replace(target="llamacpp", engine=LlamacppSettings(
+        cache_type_k="q8_0", cache_type_v="q4_0"))
+    runs = ve.check_engine_for_plan("llamacpp", plan, None)
+    assert [r.name for r in runs] == ["engine baseline", "engine floor", "plan"]
+    assert runs[1].floor and runs[1].plan is None and runs[1].settings == {"type_k": "f32", "type_v": "f32",
+                                                                          "ubatch": 32}
+    assert ve.FLOOR_UBATCH < 64
+
+
 def test_engine_python_must_have_the_engine(tmp_path):
     with pytest.raises(SensprofError, match="--engine-python .* does not exist"):
         find_engine_python("vllm", str(tmp_path / "nope"))

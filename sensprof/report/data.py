@@ -230,7 +230,8 @@ def read_engine_check(csv: str):
     missing = [c for c in ENGINE_COLUMNS if c not in df.columns]
     if missing or df.empty:
         raise SensprofError(f"{csv} is not a `sensprof validate --engine` table (missing {missing or 'rows'}); re-run it")
-    return df[list(ENGINE_COLUMNS)]
+    floor = df["engine_floor_kl"] if "engine_floor_kl" in df.columns else 0.0  # llama.cpp's; absent before it existed
+    return df[list(ENGINE_COLUMNS)].assign(engine_floor_kl=floor)
 
 
 def validation_path(plan_path: str) -> str:

@@ -377,8 +377,10 @@ def engine_check(df, title: str) -> Figure:
     ax = fig.subplots()
     y = np.arange(n)
     h = 0.4
-    emu, eng = df.emulated_kl.to_numpy(float), df.engine_kl.to_numpy(float)
-    ax.barh(y - h / 2, emu, height=h, color=OKABE_ITO["sky"], label="sensprof's emulation")
+    emu = (df.emulated_kl + df.engine_floor_kl).to_numpy(float)  # llama.cpp: plus the engine's own floor
+    eng = df.engine_kl.to_numpy(float)
+    label = "sensprof's emulation" + (" + the engine's floor" if (df.engine_floor_kl > 0).any() else "")
+    ax.barh(y - h / 2, emu, height=h, color=OKABE_ITO["sky"], label=label)
     ax.barh(y + h / 2, eng, height=h, color=OKABE_ITO["vermillion"], hatch="//", edgecolor="white",
             label="the running engine")
     for i in range(n):

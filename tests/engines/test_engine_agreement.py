@@ -1,7 +1,8 @@
 """The running engines are the judge: on the default model, every configuration that runs on this CPU is measured in
 the real engine (vLLM's CPU backend, llama.cpp through llama-cpp-python; tools/engines/install.sh) and by sensprof's
-emulation on the same tokens, and the two must agree: KL within 15%, mean per-token ΔNLL within 2 standard errors of
-the paired difference, and, where the engine's unquantized baseline matches sensprof's within float noise, a
+emulation on the same tokens, and the two must agree: KL within 15% (for llama.cpp, of the emulated KL plus the
+engine's own floor, measured in the same job: validate_engine.LLAMACPP_FLOOR), mean per-token ΔNLL within 2 standard
+errors of the paired difference, and, where the engine's unquantized baseline matches sensprof's within float noise, a
 per-token ΔNLL correlation of at least 0.9 (sensprof/validate_engine.py, agreement()).
 
 Slow (the real model, two engines): one engine job per engine runs all its configurations."""
@@ -18,8 +19,8 @@ from sensprof.engines.run.python import find_engine_python
 from sensprof.hooks import attention_taps
 from sensprof.models import describe_layers, fingerprint, load_model
 from sensprof.taps import StatsTap
-from sensprof.validate_engine import (LLAMACPP_BASELINE, VLLM_BASELINE, compare_with_engine, llamacpp_run,
-                                      vllm_run)
+from sensprof.validate_engine import (LLAMACPP_BASELINE, LLAMACPP_FLOOR, VLLM_BASELINE, compare_with_engine,
+                                      llamacpp_run, vllm_run)
 
 pytestmark = [pytest.mark.slow, pytest.mark.engines]
 SKIP = (1, 10, 19)  # the default model's fragile layers (docs/measurements.md), kept unquantized
@@ -60,7 +61,7 @@ def _plan(model, absmax, target, engine, k, v, skip=()) -> Plan:
 def _check(rows):
     bad = [r for r in rows if not r["agrees"]]
     table = "\n".join(f"{r['config']} @ {r['tokens']} tokens: engine KL {r['engine_kl']:.3e} emulated {r['emulated_kl']:.3e} "
-                      f"(x{r['kl_ratio']:.2f}); dNLL diff {r['dnll_diff']:+.4f} +- {r['dnll_diff_se']:.4f}; "
+                      f"+ engine floor {r['engine_floor_kl']:.3e} (x{r['kl_ratio']:.2f}); dNLL diff {r['dnll_diff']:+.4f} +- {r['dnll_diff_se']:.4f}; "
                       f"corr {r['dnll_corr']:.2f} (applies: {r['corr_applies']})" for r in rows)
     print(table)
     assert not bad, "the emulation disagrees with the engine:\n" + table
@@ -99,12 +100,13 @@ LLAMACPP_PAIRS = [("q8_0", "q8_0"), ("q5_1", "q5_1"), ("q5_0", "q5_0"), ("q4_1",
 
 @pytest.fixture(scope="module")
 def llamacpp_rows(smollm2, windows, absmax, tmp_path_factory):
-    """Every pair in llama.cpp and in sensprof's emulation (llama.cpp's rotated caches, in the GGUF's key order)."""
+    """Every pair in llama.cpp and in sensprof's emulation (llama.cpp's rotated caches, in the GGUF's key order),
+    beside llama.cpp's own floor (its f32 cache through the one-chunk attention every quantized pair takes)."""
     engine = find_engine_python("llamacpp")
     model = smollm2.model
     order = channel_order(type(model).__name__)  # a Llama GGUF: rotary pairs interleaved
     assert order == "interleaved"
-    runs = [LLAMACPP_BASELINE] + [llamacpp_run(_plan(model, absmax, "llamacpp", LlamacppSettings(
+    runs = [LLAMACPP_BASELINE, LLAMACPP_FLOOR] + [llamacpp_run(_plan(model, absmax, "llamacpp", LlamacppSettings(
         cache_type_k=k, cache_type_v=v, channel_order=order), key_scheme(k, order), value_scheme(v)), f"{k}/{v}")
         for k, v in LLAMACPP_PAIRS]
     rows = compare_with_engine("llamacpp", engine, smollm2, windows, runs,
@@ -113,30 +115,17 @@ def llamacpp_rows(smollm2, windows, absmax, tmp_path_factory):
     return rows
 
 
-def test_llamacpp_damage_is_the_emulation_plus_one_engine_offset(llamacpp_rows):
-    """What holds today (docs/engines.md): llama.cpp measures sensprof's emulated damage plus one offset that any
-    quantized cache type adds (~4e-3 KL on these windows, the same whether K or V or both are quantized, and with
-    the rotation turned off). Taking the offset from the lightest pair (q8_0/q8_0), every other pair's engine KL is
-    its emulated KL plus that offset within 15%, and every pair's mean dNLL agrees within 2 standard errors."""
+def test_llamacpp_agrees_with_the_emulation_plus_its_floor(llamacpp_rows):
+    """Every pair: llama.cpp's KL within 15% of the emulated KL plus llama.cpp's own floor (measured in the same
+    job, not fitted), and mean dNLL within 2 standard errors. The two baselines differ beyond float noise (the GGUF's
+    matmuls quantize their inputs), so the per-token correlation is reported, not demanded."""
+    _check(llamacpp_rows)
+    assert not any(r["corr_applies"] for r in llamacpp_rows)
+    floor = llamacpp_rows[0]["engine_floor_kl"]
+    assert 0 < floor < 0.02 and all(r["engine_floor_kl"] == floor for r in llamacpp_rows)
     by = {r["config"]: r for r in llamacpp_rows}
-    offset = by["q8_0/q8_0"]["engine_kl"] - by["q8_0/q8_0"]["emulated_kl"]
-    assert 0 < offset < 0.02
-    lines = []
-    for r in llamacpp_rows:
-        ratio = r["engine_kl"] / (r["emulated_kl"] + offset)
-        lines.append(f"{r['config']}: engine {r['engine_kl']:.3e} = emulated {r['emulated_kl']:.3e} + offset "
-                     f"{offset:.2e} x {ratio:.3f}; dNLL diff {r['dnll_diff']:+.4f} +- {r['dnll_diff_se']:.4f}")
-        assert abs(ratio - 1) <= 0.15, "\n".join(lines)
-        assert abs(r["dnll_diff"]) <= 2 * r["dnll_diff_se"], "\n".join(lines)
-    print("\n".join(lines))
+    # the floor is what the raw comparison missed: without it the lightest pair measures many times its emulation
+    assert by["q8_0/q8_0"]["raw_kl_ratio"] > 5 and by["q8_0/q8_0"]["emulated_kl"] < floor
     # the heavier the quantization, the more damage in both: the emulation ranks the pairs as the engine does
     order = sorted(by, key=lambda c: by[c]["engine_kl"])
     assert order[0] == "q8_0/q8_0" and set(order[-3:]) == {"q4_1/q4_1", "q4_0/q4_0", "q4_0/q8_0"}
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "llama.cpp is not yet emulated within the bounds without its offset (docs/engines.md): any quantized cache type "
-    "adds ~4e-3 KL in this build, whatever its error, so the q8_0 pair measures 14x its emulation; this fails "
-    "(XPASS) once the emulation agrees"))
-def test_llamacpp_agrees_with_the_emulation(llamacpp_rows):
-    _check(llamacpp_rows)

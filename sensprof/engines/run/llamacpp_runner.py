@@ -3,8 +3,9 @@ the text and the KL of the next-token distribution against the baseline pair (th
 
 Executed by the engine's own Python (`python llamacpp_runner.py JOB.json`; sensprof runs it as a subprocess), so it
 imports only llama_cpp, numpy and the standard library. The model is the GGUF file itself; flash attention is on
-for every pair (llama.cpp needs it for a quantized V cache, and the baseline then takes the same path). A window is
-one batch, so every position is written to the cache and read back from it, as it is during serving.
+for every pair (llama.cpp needs it for a quantized V cache). A window is one batch, so every position is written to the
+cache and read back from it, as it is during serving; a configuration may name a smaller `ubatch` (the engine's
+numerical floor, sensprof/validate_engine.py LLAMACPP_FLOOR).
 The output (JSON) holds, per configuration, `nll` and `kl` as lists [windows][tokens - 1] and `top1` (the share of
 positions whose most likely token is the baseline's), and llama.cpp's version."""
 
@@ -37,7 +38,8 @@ def _logits(job: dict, config: dict):
     from llama_cpp import Llama
 
     n = max(len(w) for w in job["windows"])
-    llm = Llama(model_path=job["model"], n_ctx=n, n_batch=n, n_ubatch=min(n, 512), logits_all=True,
+    ubatch = min(config.get("ubatch") or n, n, 512)  # a smaller one: the engine's floor (validate_engine.py)
+    llm = Llama(model_path=job["model"], n_ctx=n, n_batch=n, n_ubatch=ubatch, logits_all=True,
                 type_k=_type(config["type_k"]), type_v=_type(config["type_v"]), flash_attn=True, seed=0,
                 n_threads=job.get("threads") or os.cpu_count(), verbose=False)
     try:
