@@ -124,7 +124,7 @@ def with_vllm_pool(plan: Plan, budget) -> Plan:
     layers = vllm_layers(plan)
     if not layers:
         return plan
-    pool = facts.plan_pool(layers)
+    pool = facts.plan_pool(layers, block_size=facts.default_block_size(plan.engine.vllm_gpu))
     need = pool.blocks_per_request(budget.max_model_len) * budget.max_num_seqs * pool.bytes_per_block
     plan = plan.replace(predicted=dataclasses.replace(plan.predicted, vllm_pool_bytes=need))
     if need > budget.value * GIB:

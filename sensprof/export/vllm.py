@@ -102,9 +102,10 @@ def vllm_comments(plan: Plan, gpu_mem_gib: float, layers: list[tuple]) -> list[s
                      "--vllm-gpu to `sensprof plan` (dtypes and fp8 query casts differ)")
     if layers:
         unquantized = [("auto", h, d, w) for _, h, d, w in layers]
-        per_tok, bf16 = facts.pool_bytes_per_token(layers), facts.pool_bytes_per_token(unquantized)
+        block = {"block_size": facts.default_block_size(gpu)}  # the CPU backend's blocks hold 128 tokens
+        per_tok, bf16 = facts.pool_bytes_per_token(layers, **block), facts.pool_bytes_per_token(unquantized, **block)
         budget = int(gpu_mem_gib * GIB)
-        fit, fit16 = facts.tokens_that_fit(budget, layers), facts.tokens_that_fit(budget, unquantized)
+        fit, fit16 = facts.tokens_that_fit(budget, layers, **block), facts.tokens_that_fit(budget, unquantized, **block)
         lines.append(f"# vLLM's KV pool (its page/block arithmetic): {per_tok:,.0f} bytes per token vs {bf16:,.0f} "
                      f"at bf16; {fit:,} tokens fit in {gpu_mem_gib:g} GiB vs {fit16:,} at bf16"
                      + (f" (on the CPU backend the pool is VLLM_CPU_KVCACHE_SPACE={gpu_mem_gib:g}, in GiB)"

@@ -88,3 +88,16 @@ def test_live_vllm_cpu_op_writes_the_fixture(tmp_path, vllm_python):
     live = torch.load(out, weights_only=False)
     _check(live)
     assert torch.equal(live["x"], torch.load(DATA, weights_only=False)["x"])
+
+
+def test_cpu_pool_is_counted_in_blocks_of_128():
+    """vLLM's CPU backend allocates 128-token blocks (platforms/cpu.py) where the GPUs use 16: the export counts the
+    tokens that fit in whole 128-token blocks."""
+    from sensprof.engines.vllm import facts
+
+    assert facts.default_block_size("cpu") == 128 and facts.default_block_size("hopper") == 16
+    layers = [("fp8", 3, 64, None)] * 30
+    budget = 10**9 + 12345
+    cpu = facts.tokens_that_fit(budget, layers, block_size=facts.default_block_size("cpu"))
+    gpu = facts.tokens_that_fit(budget, layers)
+    assert cpu % 128 == 0 and gpu % 16 == 0 and cpu <= gpu < cpu + 128
