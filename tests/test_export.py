@@ -410,6 +410,9 @@ def test_llamacpp_command(tmp_path, capsys, k, v, fa, note):
         assert not comments
     else:
         assert len(comments) == 1 and note in comments[0] and comments[0].startswith("# ")
+    floor = [ln for ln in out.splitlines() if "floor of its own" in ln]
+    assert len(floor) == (0 if (k, v) == ("f16", "f16") else 1)  # measured by validate --engine llamacpp
+    assert not floor or "--engine llamacpp" in floor[0]
     assert llamacpp_argv(plan, "m.gguf")[1:3] == ["-m", "m.gguf"]
 
 

@@ -66,5 +66,13 @@ def needs_weights(opts) -> bool:
     return False
 
 
+def floor_comment(plan: Plan) -> list[str]:
+    """The damage llama.cpp adds beyond what its cache stores, which no emulation of the cache predicts."""
+    if cache_types(plan) == ("f16", "f16"):
+        return []
+    return ["# llama.cpp adds a floor of its own with any quantized cache (its quantized matmuls amplify any change "
+            "of attention path); `sensprof validate PLAN --engine llamacpp` measures it (docs/engines.md)"]
+
+
 def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[str], list[str], bool]:
-    return llamacpp_argv(plan, model_path), build_comments(plan), True
+    return llamacpp_argv(plan, model_path), build_comments(plan) + floor_comment(plan), True
