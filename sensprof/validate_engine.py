@@ -246,12 +246,14 @@ def emulated_damage(loaded, ids: torch.Tensor, runs: list[EngineRun]) -> dict[st
             for r in runs if r.layers is not None}
 
 
-def agreement(eng: TokenDamage, emu: TokenDamage, floor_kl: float = 0.0) -> dict:
-    """The figures that say whether the emulation predicts the engine (module docstring of the bounds); with an
-    engine floor (LLAMACPP_FLOOR), the engine's KL is compared with the emulated KL plus that floor."""
+def agreement(eng: TokenDamage, emu: TokenDamage, floor: TokenDamage | None = None) -> dict:
+    """The figures that say whether the emulation predicts the engine (module docstring of the bounds); with the
+    engine's floor (LLAMACPP_FLOOR's run), the engine is compared with the emulation plus that floor: its mean KL
+    added to the emulated KL, its per-token ΔNLL to the emulated ΔNLL."""
     e_kl, raw_kl = float(eng.kl.mean()), float(emu.kl.mean())
+    floor_kl = float(floor.kl.mean()) if floor is not None else 0.0
     s_kl = raw_kl + floor_kl
-    diff = (eng.dnll - emu.dnll).flatten()
+    diff = (eng.dnll - emu.dnll - (floor.dnll if floor is not None else 0.0)).flatten()
     n = diff.numel()
     se = float(diff.std() / math.sqrt(n)) if n > 1 else float("nan")
     a, b = eng.dnll.flatten(), emu.dnll.flatten()
@@ -265,6 +267,7 @@ def agreement(eng: TokenDamage, emu: TokenDamage, floor_kl: float = 0.0) -> dict
             "kl_ratio": e_kl / s_kl if s_kl > 0 else float("nan"),
             "raw_kl_ratio": e_kl / raw_kl if raw_kl > 0 else float("nan"),
             "engine_dnll": float(eng.dnll.mean()), "emulated_dnll": float(emu.dnll.mean()),
+            "engine_floor_dnll": float(floor.dnll.mean()) if floor is not None else 0.0,
             "dnll_diff": float(diff.mean()), "dnll_diff_se": se, "dnll_corr": corr, "baseline_max_dlogp": gap,
             "engine_top1": eng.top1, "kl_agrees": kl_ok, "dnll_agrees": dnll_ok, "corr_applies": corr_applies,
             "corr_agrees": corr_ok, "agrees": kl_ok and dnll_ok and corr_ok}
@@ -285,7 +288,7 @@ def compare_with_engine(engine_name: str, engine: EnginePython, loaded, ids: tor
         shutil.rmtree(workdir, ignore_errors=True)
     eng = engine_damage(engine_name, loaded, ids, runs, raw)
     emu = emulated_damage(loaded, ids, runs)
-    floor = next((float(eng[r.name].kl.mean()) for r in runs[1:] if r.floor), 0.0)
+    floor = next((eng[r.name] for r in runs[1:] if r.floor), None)
     rows = []
     for r in runs[1:]:
         if r.plan is None:

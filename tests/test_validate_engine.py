@@ -86,14 +86,16 @@ def test_agreement_adds_the_engines_floor():
     g = torch.Generator().manual_seed(1)
     d = torch.rand(2, 400, generator=g, dtype=torch.float64) * 0.01
     base = torch.rand(2, 400, generator=g, dtype=torch.float64)
-    floor = float(d.mean())  # the engine measures twice the emulation: its floor is as large as the damage
-    eng, emu = _damage(2 * d, d, base), _damage(d, d, base)
+    shift = torch.randn(2, 400, generator=g, dtype=torch.float64) * 0.01 + 0.02  # the floor's own dNLL per token
+    floor = _damage(d, shift, base)  # the engine measures twice the emulation: its floor is as large as the damage
+    eng, emu = _damage(2 * d, d + shift, base), _damage(d, d, base)
     without = agreement(eng, emu)
-    assert not without["kl_agrees"] and without["raw_kl_ratio"] == pytest.approx(2.0)
+    assert not without["kl_agrees"] and not without["dnll_agrees"] and without["raw_kl_ratio"] == pytest.approx(2.0)
     with_floor = agreement(eng, emu, floor)
-    assert with_floor["kl_agrees"] and with_floor["kl_ratio"] == pytest.approx(1.0)
-    assert with_floor["raw_kl_ratio"] == pytest.approx(2.0) and with_floor["engine_floor_kl"] == floor
-    assert with_floor["emulated_kl"] == pytest.approx(float(d.mean()))
+    assert with_floor["kl_agrees"] and with_floor["kl_ratio"] == pytest.approx(1.0) and with_floor["dnll_agrees"]
+    assert with_floor["raw_kl_ratio"] == pytest.approx(2.0) and with_floor["engine_floor_kl"] == pytest.approx(float(d.mean()))
+    assert with_floor["emulated_kl"] == pytest.approx(float(d.mean())) and with_floor["dnll_diff"] == pytest.approx(0.0)
+    assert with_floor["engine_floor_dnll"] == pytest.approx(float(shift.mean()))
 
 
 def test_llamacpp_runs_include_the_engines_floor(model, monkeypatch):

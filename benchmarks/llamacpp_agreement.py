@@ -1,0 +1,64 @@
+"""llama.cpp beside sensprof's emulation on any GGUF model: the check tests/engines/test_engine_agreement.py runs on
+the default model, for a second model (or any), printing one row per -ctk/-ctv pair.
+
+    python benchmarks/llamacpp_agreement.py MODEL.gguf [--pairs q8_0/q8_0,q4_0/q4_0] [--seq-len 384] [--windows 2]
+
+Needs llama.cpp's environment (tools/engines/install.sh). Each pair is run in llama.cpp (with its baseline and its
+floor, sensprof/validate_engine.py) and emulated with the schemes the llamacpp target prices it with (the key
+channel order from the model's class)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from sensprof.artifacts import LayerPlan, LlamacppSettings, Plan
+from sensprof.data import load_windows
+from sensprof.engines.llamacpp.catalog import channel_order, key_scheme, value_scheme
+from sensprof.engines.run.python import find_engine_python
+from sensprof.models import describe_layers, fingerprint, load_model
+from sensprof.validate_engine import LLAMACPP_BASELINE, LLAMACPP_FLOOR, compare_with_engine, llamacpp_run
+
+PAIRS = "q8_0/q8_0,q5_1/q5_1,q5_0/q5_0,q4_1/q4_1,q4_0/q4_0,q8_0/q4_0,q4_0/q8_0"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--pairs", default=PAIRS)
+    ap.add_argument("--seq-len", type=int, default=384)
+    ap.add_argument("--windows", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    t0 = time.time()
+    torch.set_grad_enabled(False)
+    loaded = load_model(args.model, device="cpu")
+    model = loaded.model
+    order = channel_order(type(model).__name__)
+    ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=args.seq_len, windows=args.windows, seed=args.seed)
+
+    def plan(k: str, v: str) -> Plan:
+        layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, key_scheme(k, order),
+                            value_scheme(v), 0.0, 0.0, {}) for i in describe_layers(model)]
+        return Plan.hand_made(args.model, fingerprint(model), layers).replace(
+            target="llamacpp", engine=LlamacppSettings(cache_type_k=k, cache_type_v=v, channel_order=order))
+
+    pairs = [p.split("/") for p in args.pairs.split(",")]
+    runs = [LLAMACPP_BASELINE, LLAMACPP_FLOOR] + [llamacpp_run(plan(k, v), f"{k}/{v}") for k, v in pairs]
+    rows = compare_with_engine("llamacpp", find_engine_python("llamacpp"), loaded, ids, runs, "llamacpp_agreement.log")
+    print(f"{type(model).__name__}, key order {order}, {args.windows} x {args.seq_len} tokens (seed {args.seed}); "
+          f"llama.cpp's floor: KL {rows[0]['engine_floor_kl']:.3e}, dNLL {rows[0]['engine_floor_dnll']:+.4f}")
+    print("| -ctk / -ctv | llama.cpp KL | emulated KL | llama.cpp / emulated | llama.cpp / (emulated + floor) "
+          "| dNLL engine - (emulation + floor) (± SE) | agrees |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| `{r['config']}` | {r['engine_kl']:.3e} | {r['emulated_kl']:.3e} | {r['raw_kl_ratio']:.2f} | "
+              f"{r['kl_ratio']:.2f} | {r['dnll_diff']:+.4f} ± {r['dnll_diff_se']:.4f} | "
+              f"{'yes' if r['agrees'] else 'no'} |")
+    print(f"{time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
