@@ -12,6 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from .engines.llamacpp.catalog import CHANNEL_ORDERS
 from .engines.llamacpp.catalog import engine_schemes as llamacpp_schemes
 from .engines.vllm.catalog import engine_schemes
 from .errors import SensprofError
@@ -37,7 +38,6 @@ ROUNDINGS = ("nearest", "toward_zero")
 # power-of-two block of at least 64 dividing head_dim) or "hadamard64", over its channel order: "halves" is the
 # model's own, "interleaved" a Llama-family GGUF's (rotary pairs adjacent)
 ROTATIONS = ("", "hadamard_keys", "hadamard64")
-CHANNEL_ORDERS = ("halves", "interleaved")
 
 
 @dataclass(frozen=True, kw_only=True)
