@@ -55,7 +55,9 @@ def test_scheme_names_for_each_target_and_gpu():
     assert "turboquant_k8v4_e4b15.K" not in _names(profile_menu(None, "vllm", "ampere", {64}), "V")
     assert "fp8_per_token_head" not in _names(profile_menu(None, "vllm", "ampere", {64}))
     assert "turboquant_k8v4.K" in _names(profile_menu(None, "vllm", "hopper", {64}))
-    assert _names(profile_menu("int4_c32", "llamacpp", None)) >= {"int4_c32", "q8_0", "q4_0"}
+    assert _names(profile_menu("int4_c32", "llamacpp", None)) >= {"int4_c32", "llamacpp_q8_0.V", "llamacpp_q4_0.K"}
+    interleaved = _names(profile_menu(None, "llamacpp", None, channel_order="interleaved"), "K")  # a Llama GGUF
+    assert "llamacpp_q4_0.K_interleaved" in interleaved and "llamacpp_q4_0.K" not in interleaved
     assert profile_menu(None, "sensprof", None) == profile_menu(None, None, None)
     with_k = profile_menu(None, "sensprof", None, k_schemes="int4_c64")  # the default menus and the extra key
     assert _names(with_k, "K") == _names(profile_menu(None, None, None), "K") | {"int4_c64"}
