@@ -8,6 +8,7 @@ the scale as stored (fp16 where the scheme stores fp16), as llama.cpp does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -142,6 +143,12 @@ def ungroup_last(xg: torch.Tensor, n: int) -> torch.Tensor:
     return xg.reshape(*xg.shape[:-2], -1)[..., :n]
 
 
+@functools.lru_cache(maxsize=64)
+def _unrotated(scheme: QuantScheme) -> QuantScheme:
+    """The codec a rotated scheme applies in its rotated basis (built once per scheme, not per call)."""
+    return dataclasses.replace(scheme, rotation="", channel_order="halves")
+
+
 def fake_quant(x: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor | None = None) -> torch.Tensor:
     """Quantize then dequantize a cached tensor [B, H, T, D]; sink tokens pass through.
 
@@ -155,8 +162,7 @@ def fake_quant(x: torch.Tensor, scheme: QuantScheme, absmax: torch.Tensor | None
 
         return emulate(scheme, x)
     if scheme.rotation:  # the engine quantizes in its rotated basis; attention reads it back in x's
-        plain = dataclasses.replace(scheme, rotation="", channel_order="halves")
-        y = fake_quant(rotate(x, scheme.rotation, scheme.channel_order), plain, absmax)
+        y = fake_quant(rotate(x, scheme.rotation, scheme.channel_order), _unrotated(scheme), absmax)
         return unrotate(y, scheme.rotation, scheme.channel_order).to(x.dtype)
     out_dtype = x.dtype
     xf = x.float()

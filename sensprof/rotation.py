@@ -16,6 +16,7 @@ import functools
 
 import torch
 
+
 @functools.lru_cache(maxsize=8)
 def hadamard(n: int) -> torch.Tensor:
     """The n x n Sylvester Hadamard matrix over sqrt(n) (ggml_gen_hadamard's), float32 on the CPU."""
@@ -43,6 +44,11 @@ def interleave_order(head_dim: int) -> torch.Tensor:
     return torch.stack([half, half + head_dim // 2], 1).reshape(-1)
 
 
+def _blocks_times_hadamard(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Each block of n channels times H (its own inverse: symmetric and orthogonal)."""
+    return (x.reshape(*x.shape[:-1], x.shape[-1] // n, n) @ hadamard(n).to(x.device)).reshape(x.shape)
+
+
 def rotate(x: torch.Tensor, rotation: str, order: str = "halves") -> torch.Tensor:
     """x [..., D] in the engine's rotated basis (float32), channels in the engine's order."""
     d = x.shape[-1]
@@ -52,8 +58,7 @@ def rotate(x: torch.Tensor, rotation: str, order: str = "halves") -> torch.Tenso
         return x
     if order == "interleaved":
         x = x[..., interleave_order(d).to(x.device)]
-    h = hadamard(n).to(x.device)
-    return (x.reshape(*x.shape[:-1], d // n, n) @ h).reshape(x.shape)
+    return _blocks_times_hadamard(x, n)
 
 
 def unrotate(y: torch.Tensor, rotation: str, order: str = "halves") -> torch.Tensor:
@@ -62,8 +67,7 @@ def unrotate(y: torch.Tensor, rotation: str, order: str = "halves") -> torch.Ten
     n = block_size(rotation, d)
     if not n:
         return y
-    h = hadamard(n).to(y.device)
-    x = (y.float().reshape(*y.shape[:-1], d // n, n) @ h).reshape(y.shape)
+    x = _blocks_times_hadamard(y.float(), n)
     if order == "interleaved":
         x = x[..., torch.argsort(interleave_order(d)).to(x.device)]
     return x

@@ -48,7 +48,7 @@ class EngineRun:
     name: str
     settings: dict
     plan: Plan | None = None
-    floor: bool = False  # the engine's unquantized cache along another numerical path (ENGINE_FLOOR's docstring)
+    floor: bool = False  # the engine's unquantized cache along another numerical path (LLAMACPP_FLOOR's docstring)
 
     @property
     def layers(self) -> list[LayerPlan] | None:
@@ -327,8 +327,9 @@ def validate_with_engine(engine: EnginePython, runs: list[EngineRun], loaded, id
 
 def format_engine_table(df) -> str:
     floor = "engine_floor_kl" in df and bool((df.engine_floor_kl > 0).any())
+    ratio = "eng/(e+f)" if floor else "eng/emul"  # with llama.cpp's floor: engine / (emulated + floor)
     lines = [f"{'configuration':<16}{'tokens':>7}{'pred KL':>10}{'emul KL':>10}" + (f"{'+ floor':>10}" if floor else "")
-             + f"{'engine KL':>11}{'eng/(e+f)' if floor else 'eng/emul':>10}{'emul dNLL':>11}{'eng dNLL':>10}{'diff ± SE':>19}{'corr':>7}  agrees"]
+             + f"{'engine KL':>11}{ratio:>10}{'emul dNLL':>11}{'eng dNLL':>10}{'diff ± SE':>19}{'corr':>7}  agrees"]
     for r in df.itertuples():
         corr = f"{r.dnll_corr:.2f}" if r.corr_applies else f"({r.dnll_corr:.2f})"
         lines.append(f"{r.config:<16}{r.tokens:>7}{r.predicted_kl:>10.2e}{r.emulated_kl:>10.2e}"

