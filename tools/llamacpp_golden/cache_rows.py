@@ -6,7 +6,9 @@ TOKENS: comma-separated token ids. Layer 0's K and V depend only on the tokens, 
 cache's rows are the input every quantized cache stored (tests/engines/test_llamacpp_cache.py compares sensprof's
 emulation with the quantized rows). Read through llama.cpp's sequence state (llama_state_seq_get_data), whose
 layout is src/llama-kv-cache.cpp state_write: a header, per cell its position and sequences, then per layer
-the K type, row size and rows, then the same for V (flash attention: V not transposed)."""
+the K type, row size and rows, then the same for V (flash attention: V not transposed). A model with sliding-window
+layers has two caches, written base then SWA (src/llama-kv-cache-iswa.cpp state_write); the rows kept are the last
+cache's first layer, model layer 0 for a model whose first layer slides (Gemma 3) as for a single-cache one."""
 
 from __future__ import annotations
 
@@ -43,21 +45,25 @@ def _rows(model: str, tokens: list[int], cache_type: str):
         off += struct.calcsize(fmt)
         return v
 
-    n_stream, cells = read("<II")
-    assert n_stream == 1 and cells == n, (n_stream, cells)
-    for _ in range(cells):
-        _, n_seq = read("<iI")
-        read(f"<{n_seq}i")
-    v_trans, n_layer = read("<II")
-    assert not v_trans
-    out = {}
-    for tensor in "KV":
-        for layer in range(n_layer):
-            _, row = read("<iQ")
-            if layer == 0:
-                out[tensor] = np.frombuffer(b, np.uint8, cells * row, off).reshape(cells, row).copy()
-            off += cells * row
-    return out
+    caches = []
+    while off < len(b):
+        n_stream, cells = read("<II")
+        assert n_stream == 1 and cells == n, (n_stream, cells)
+        for _ in range(cells):
+            _, n_seq = read("<iI")
+            read(f"<{n_seq}i")
+        v_trans, n_layer = read("<II")
+        assert not v_trans
+        first = {}
+        for tensor in "KV":
+            for layer in range(n_layer):
+                _, row = read("<iQ")
+                if layer == 0:
+                    first[tensor] = np.frombuffer(b, np.uint8, cells * row, off).reshape(cells, row).copy()
+                off += cells * row
+        caches.append(first)
+    assert 1 <= len(caches) <= 2, len(caches)
+    return caches[-1]
 
 
 def main(model: str, tokens: str, out: str) -> int:
