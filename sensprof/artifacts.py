@@ -116,6 +116,10 @@ class Predicted:
     vllm_pool_bytes: int | None = None  # vllm serving budgets: what vLLM's pool needs, alignment included
     # sensprof.pricing: the read regime and serving length the damage was priced for, and the scale per scheme
     pricing: dict | None = None
+    # plan --select-measured: the plan's KL with every layer quantized at once over its per-layer sum, measured on
+    # the selection's windows (never validate's): the layers' interaction that the sum misses, which validate's
+    # prediction for the plan carries
+    joint_factor: float | None = None
 
 
 @dataclass(frozen=True)

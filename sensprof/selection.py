@@ -69,7 +69,8 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     from .planner import problem_from_table
     from .table import load_profile
     from .targets import get_target
-    from .validate import layer_choices, measure, plan_reads
+    from .pricing import priced_at
+    from .validate import layer_choices, measure, plan_reads, predicted_damage
 
     if plan.target != "sensprof":
         raise SensprofError(f"--select-measured chooses among per-layer plans and uniform configurations; target "
@@ -122,16 +123,19 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     reads = plan_reads(plan)
     log(f"select: measuring {len(configs)} candidates on {ids.shape[0]} x {ids.shape[1]} unseen tokens, read {reads}")
     measured = measure(loaded.model, ids, configs, reads=reads)
+    at_len = priced_at(profile.table, meta.get("reads", "streaming"), own, int(ids.shape[1]))
     rows = []
     for name, layers in configs.items():
         pred = sum(problem.cell(p.layer, "K", p.k_scheme) if p.k_scheme != "none" else 0.0 for p in layers) + \
             sum(problem.cell(p.layer, "V", p.v_scheme) if p.v_scheme != "none" else 0.0 for p in layers)
+        here = predicted_damage(at_len, layers, "kl")  # the per-layer sum priced at the windows' own length
         cost = sum(budget.cost(get_scheme(p.k_scheme), info) + budget.cost(get_scheme(p.v_scheme), info)
                    for p, info in zip(layers, meta["layers"]))
-        rows.append({"name": name, "uniform": name in uniforms, "predicted_kl": pred,
+        rows.append({"name": name, "uniform": name in uniforms, "predicted_kl": pred, "predicted_kl_here": here,
                      "measured_kl": measured[name]["kl"], "budget_used": cost})
-        log(f"  {name:<40} predicted {pred:.3e}  measured {measured[name]['kl']:.3e}")
+        log(f"  {name:<40} predicted {here:.3e}  measured {measured[name]['kl']:.3e}")
     best = min(rows, key=lambda r: r["measured_kl"])
+    joint = best["measured_kl"] / best["predicted_kl_here"] if best["predicted_kl_here"] > 0 else None
     record = {"windows": int(ids.shape[0]), "seq_len": int(ids.shape[1]), "seed": meta["settings"]["seed"]
               + SELECT_SEED_OFFSET, "window_slots": list(slots), "reads": reads, "candidates": rows,
               "chosen": best["name"], "uniform_won": bool(best["uniform"])}
@@ -153,4 +157,8 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     else:
         chosen = plans[best["name"]]
         log(f"select: {best['name']} measured the lowest KL ({best['measured_kl']:.3e})")
+    if joint is not None and joint == joint:  # NaN: a cell the profile lacks
+        record["joint_factor"] = joint
+        chosen = chosen.replace(predicted=dataclasses.replace(chosen.predicted, joint_factor=round(joint, 4)))
+        log(f"select: all layers at once measured {joint:.2f}x the per-layer sum; validate's prediction carries it")
     return chosen.replace(solver=dataclasses.replace(chosen.solver, select=record))

@@ -153,11 +153,14 @@ def validation_table(plan: Plan, measured: dict, configs: dict[str, list[LayerPl
                                   int(profile_meta["settings"]["seq_len"]), int(seq_len))
 
     plan_bits = predicted_summary(plan.layers)["avg_bits"]
+    joint = plan.predicted.joint_factor
     rows = []
     for name, layers in configs.items():
         s = predicted_summary(layers)
         m = measured[name]
         pred = predicted_damage(profile_table, layers, "kl")  # measured is KL, so predict KL whatever was optimised
+        if name == "plan" and joint:  # the interaction --select-measured measured on its own windows
+            pred *= joint
         rows.append({"config": name, "avg_bits": s["avg_bits"], "bytes_per_token": s["bytes_per_token"],
                      "vs_bf16": s["bytes_per_token"] / (s["bf16_bytes_per_token"]),
                      "memory_vs_plan": "plan" if name == "plan" else (

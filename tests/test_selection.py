@@ -16,7 +16,8 @@ from sensprof.artifacts import load_plan
 from sensprof.cli import main
 from sensprof.models import load_model
 from sensprof.selection import selection_windows
-from sensprof.validate import validation_windows
+from sensprof.table import load_profile
+from sensprof.validate import layer_choices, predicted_damage, validation_table, validation_windows
 
 K = "int2_c32,int4_c32,int8_c32"
 V = "int2_t32,int4_t32,int8_t32"
@@ -50,6 +51,19 @@ def test_the_plan_is_the_candidate_measured_best(sel, capsys):
         assert c["budget_used"] <= plan.predicted.budget_limit * (1 + 1e-9)
         assert c["measured_kl"] > 0
     assert "chosen by measured KL on 2 x 128 unseen tokens" in out
+    # the chosen candidate's joint damage over its per-layer sum at the windows' length: recorded, and carried
+    # into validate's prediction for the plan (no other row)
+    assert best["predicted_kl_here"] > 0 and s["joint_factor"] == pytest.approx(
+        best["measured_kl"] / best["predicted_kl_here"])
+    assert plan.predicted.joint_factor == round(s["joint_factor"], 4)
+    assert "x the per-layer sum" in out
+    table = load_profile(sel.profile).table
+    configs = {"plan": plan.layers, "other": layer_choices(plan, ("int8_c32", "int8_t32"))}
+    fake = {name: {"kl": 0.5, "kl_std": 0.0, "dnll": 0.1, "dppl": 0.2} for name in configs}
+    df = validation_table(plan, fake, configs, table).set_index("config")
+    assert df.loc["plan", "predicted_kl"] == pytest.approx(
+        predicted_damage(table, plan.layers) * plan.predicted.joint_factor)
+    assert df.loc["other", "predicted_kl"] == pytest.approx(predicted_damage(table, configs["other"]))
     # the windows it chose on: none of the profile's, none of those validate will judge the plan on
     tok = load_model(sel.model, "cpu").tokenizer
     chosen_on, slots = selection_windows(tok, plan, 2, 128)

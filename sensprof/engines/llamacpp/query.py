@@ -3,7 +3,9 @@
 ggml-cpu's flash attention (ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk) converts
 each query row to the K type's `vec_dot_type` (`q_to_vec_dot(pq, Q_q, DK)`) and scores it with the type's integer
 dot product: q8_0 for q8_0, q4_0 and q5_0 keys, q8_1 for q4_1 and q5_1 (the same 8-bit codes and fp16 scale per
-block of 32, plus a sum that makes the min term exact). So a q8_0 key cache costs about twice a q8_0 key's own error.
+block of 32, plus the block's sum s = d * sum(codes) stored as fp16, which the key's min multiplies: that one fp16
+rounding, relative 2^-11 of the min term, is the one part of the read not emulated here). So a q8_0 key cache costs
+about twice a q8_0 key's own error.
 Same-type f16 or f32 K and V take the tiled path instead, which keeps the query in float32 (no transform).
 
 The x86 quantizer (ggml-cpu/arch/x86/quants.c, quantize_row_q8_0 / q8_1): per block of 32, amax over the block,
