@@ -72,6 +72,8 @@ def test_agreement_figures():
     assert same["kl_ratio"] == pytest.approx(1 / 1.05) and same["kl_agrees"] and same["dnll_agrees"]
     assert same["corr_applies"] and same["dnll_corr"] > 0.99 and same["agrees"]
     assert same["dnll_diff_se"] == pytest.approx(float(noise.std()) / (800 ** 0.5))
+    # the ratio's own noise: the per-token KL difference's standard error over the predicted KL
+    assert same["kl_ratio_se"] == pytest.approx(float((d - 1.05 * d).std()) / 800 ** 0.5 / float((1.05 * d).mean()))
     # the engine does 2x the damage: KL and dNLL both disagree
     off = agreement(_damage(2 * d, 2 * d + noise, base), _damage(d, d, base))
     assert not off["kl_agrees"] and not off["dnll_agrees"] and not off["agrees"]
@@ -175,3 +177,17 @@ def test_a_successful_engine_run_leaves_a_file_at_the_log_path_alone(tmp_path):
     log.write_text("the user's own notes")
     run_job("vllm", "/bin/true", {"configs": []}, str(tmp_path), str(log))  # an "engine" that succeeds at once
     assert log.read_text() == "the user's own notes"
+
+
+def test_engine_table_shows_the_ratio_with_its_noise():
+    import pandas as pd
+
+    from sensprof.validate_engine import format_engine_table
+
+    g = torch.Generator().manual_seed(2)
+    d = torch.rand(2, 400, generator=g, dtype=torch.float64) * 0.01
+    base = torch.rand(2, 400, generator=g, dtype=torch.float64)
+    row = agreement(_damage(1.1 * d, d, base), _damage(d, d, base), _damage(0.1 * d, 0 * d, base))
+    text = format_engine_table(pd.DataFrame([{"config": "plan", "predicted_kl": 0.01, **row}]))
+    assert "eng/(e+f) ± SE" in text.splitlines()[0]
+    assert f"{row['kl_ratio']:.2f} ± {row['kl_ratio_se']:.2f}" in text.splitlines()[1]
