@@ -21,7 +21,7 @@ def _add_model_args(p, of: str | None = None, device_help: str = DEVICE_HELP, de
     """The model options every command that loads a model shares; `of`: whose model is the default (a plan's)."""
     if of is None:
         p.add_argument("--model", default="smollm2-135m",
-                       help="hub id, local model directory, .gguf file, or built-in alias smollm2-135m (default)")
+                       help="hub id, local model directory, .gguf file, or built-in alias smollm2-135m (default) or gemma3-270m")
     else:
         p.add_argument("--model", default=None, help=model_help or f"model to load (default: the {of}'s model)")
     p.add_argument("--device", default=device_default, help=device_help)

