@@ -109,3 +109,11 @@ def test_select_measured_bad_input(sel, capsys):
     line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "1",
                                    "--select-seq-len", "100000", "--device", "cpu"))
     assert "beyond the model's 512 positions" in line
+
+
+def test_a_plan_chosen_by_prediction_alone_says_so(sel, tmp_path, capsys):
+    rc, out, err = run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--out", tmp_path / "p.json")
+    assert rc == 0, err
+    assert "chosen by predicted damage alone: --select-measured 2 measures it" in out
+    _, selected = _plan(capsys, sel.profile, tmp_path / "s.json")
+    assert "chosen by predicted damage alone" not in selected
