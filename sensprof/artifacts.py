@@ -256,7 +256,9 @@ class Plan:
             won = (f"the uniform configuration {chosen['chosen'].removeprefix('uniform ')} measured lower KL than every "
                    "plan, so the plan is that configuration" if chosen["uniform_won"] else f"{chosen['chosen']} won")
             lines.append(f"chosen by measured KL on {chosen['windows']} x {chosen['seq_len']} unseen tokens among "
-                         f"{len(chosen['candidates'])} candidates: {won}")
+                         f"{len(chosen['candidates'])} candidates: {won}"
+                         + (f"; all layers at once measured {p.joint_factor:g}x the per-layer sum there"
+                            if p.joint_factor else ""))
         if self.target != "sensprof":
             flags = self.engine.flags() | {"needs_scales": self.engine.needs_scales}
             lines.append("engine: " + ", ".join(f"{k}={v}" for k, v in flags.items()))

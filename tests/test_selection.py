@@ -57,6 +57,7 @@ def test_the_plan_is_the_candidate_measured_best(sel, capsys):
         best["measured_kl"] / best["predicted_kl_here"])
     assert plan.predicted.joint_factor == round(s["joint_factor"], 4)
     assert "x the per-layer sum" in out
+    assert f"all layers at once measured {plan.predicted.joint_factor:g}x the per-layer sum there" in plan.describe()
     table = load_profile(sel.profile).table
     configs = {"plan": plan.layers, "other": layer_choices(plan, ("int8_c32", "int8_t32"))}
     fake = {name: {"kl": 0.5, "kl_std": 0.0, "dnll": 0.1, "dppl": 0.2} for name in configs}
