@@ -265,8 +265,8 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
             log(f"measured on {windows if windows is not None else result.profile.settings['windows']} unseen windows of {n} tokens:")
             log(format_table(df))
             if result.predicted.joint_factor:
-                log(f"(the plan's pred KL is its per-layer sum times {result.predicted.joint_factor:g}, the joint "
-                    "damage plan --select-measured measured on its own windows)")
+                log(f"(the plan's pred KL is its per-layer sum times {result.predicted.joint_factor_at(n):g}, the "
+                    "joint damage plan --select-measured measured on its own windows)")
         frames.append(df)
     df = pd.concat(frames, ignore_index=True)
     atomic_write_text(out, df.to_csv(index=False))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -116,10 +117,17 @@ class Predicted:
     vllm_pool_bytes: int | None = None  # vllm serving budgets: what vLLM's pool needs, alignment included
     # sensprof.pricing: the read regime and serving length the damage was priced for, and the scale per scheme
     pricing: dict | None = None
-    # plan --select-measured: the plan's KL with every layer quantized at once over its per-layer sum, measured on
-    # the selection's windows (never validate's): the layers' interaction that the sum misses, which validate's
-    # prediction for the plan carries
-    joint_factor: float | None = None
+    # plan --select-measured: the plan's KL with every layer quantized at once over its per-layer sum (priced at that
+    # length), measured on the selection's windows (never validate's), per length in tokens ({"256": f, "1024": g}):
+    # the layers' interaction that the sum misses, which validate's prediction for the plan carries
+    joint_factor: dict | None = None
+
+    def joint_factor_at(self, n: int) -> float | None:
+        """The joint factor for a window of n tokens: measured at n, else at the nearest measured length (in log)."""
+        if not self.joint_factor:
+            return None
+        lengths = {int(k): float(v) for k, v in self.joint_factor.items()}
+        return lengths[min(lengths, key=lambda m: (abs(math.log(m / n)), -m))]
 
 
 @dataclass(frozen=True)
@@ -257,8 +265,9 @@ class Plan:
                    "plan, so the plan is that configuration" if chosen["uniform_won"] else f"{chosen['chosen']} won")
             lines.append(f"chosen by measured KL on {chosen['windows']} x {chosen['seq_len']} unseen tokens among "
                          f"{len(chosen['candidates'])} candidates: {won}"
-                         + (f"; all layers at once measured {p.joint_factor:g}x the per-layer sum there"
-                            if p.joint_factor else ""))
+                         + ("; all layers at once measured " + ", ".join(
+                             f"{float(f):g}x at {n}" for n, f in sorted(p.joint_factor.items(), key=lambda x: int(x[0])))
+                            + " tokens the per-layer sum there" if p.joint_factor else ""))
         if self.target != "sensprof":
             flags = self.engine.flags() | {"needs_scales": self.engine.needs_scales}
             lines.append("engine: " + ", ".join(f"{k}={v}" for k, v in flags.items()))

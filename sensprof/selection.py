@@ -135,7 +135,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
                      "measured_kl": measured[name]["kl"], "budget_used": cost})
         log(f"  {name:<40} predicted {here:.3e}  measured {measured[name]['kl']:.3e}")
     best = min(rows, key=lambda r: r["measured_kl"])
-    joint = best["measured_kl"] / best["predicted_kl_here"] if best["predicted_kl_here"] > 0 else None
+    joint = _joint_factors(loaded.model, ids, configs[best["name"]], best, profile, own, reads)
     record = {"windows": int(ids.shape[0]), "seq_len": int(ids.shape[1]), "seed": meta["settings"]["seed"]
               + SELECT_SEED_OFFSET, "window_slots": list(slots), "reads": reads, "candidates": rows,
               "chosen": best["name"], "uniform_won": bool(best["uniform"])}
@@ -157,8 +157,27 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     else:
         chosen = plans[best["name"]]
         log(f"select: {best['name']} measured the lowest KL ({best['measured_kl']:.3e})")
-    if joint is not None and joint == joint:  # NaN: a cell the profile lacks
+    if joint:
         record["joint_factor"] = joint
-        chosen = chosen.replace(predicted=dataclasses.replace(chosen.predicted, joint_factor=round(joint, 4)))
-        log(f"select: all layers at once measured {joint:.2f}x the per-layer sum; validate's prediction carries it")
+        chosen = chosen.replace(predicted=dataclasses.replace(chosen.predicted, joint_factor=joint))
+        log("select: all layers at once measured " + ", ".join(f"{f:.2f}x at {n}" for n, f in joint.items())
+            + " tokens the per-layer sum; validate's prediction carries it")
     return chosen.replace(solver=dataclasses.replace(chosen.solver, select=record))
+
+
+def _joint_factors(model, ids, layers, best: dict, profile, own: int, reads: str) -> dict:
+    """{tokens: measured / per-layer sum} for the chosen candidate: at the selection's length (already measured) and
+    at the profile's, on the first tokens of the same windows (text validate never reads). Empty where the profile
+    lacks a cell."""
+    from .pricing import priced_at
+    from .validate import measure, predicted_damage
+
+    out = {}
+    if best["predicted_kl_here"] > 0:
+        out[str(ids.shape[1])] = round(best["measured_kl"] / best["predicted_kl_here"], 4)
+    if ids.shape[1] > own:
+        pred = predicted_damage(priced_at(profile.table, profile.meta.get("reads", "streaming"), own, own), layers)
+        kl = measure(model, ids[:, :own], {"chosen": layers}, reads=reads)["chosen"]["kl"]
+        if pred > 0:
+            out[str(own)] = round(kl / pred, 4)
+    return {n: f for n, f in sorted(out.items(), key=lambda x: int(x[0])) if f == f}  # NaN: a cell it lacks

@@ -153,7 +153,7 @@ def validation_table(plan: Plan, measured: dict, configs: dict[str, list[LayerPl
                                   int(profile_meta["settings"]["seq_len"]), int(seq_len))
 
     plan_bits = predicted_summary(plan.layers)["avg_bits"]
-    joint = plan.predicted.joint_factor
+    joint = plan.predicted.joint_factor_at(int(seq_len)) if seq_len else None
     rows = []
     for name, layers in configs.items():
         s = predicted_summary(layers)

@@ -15,9 +15,10 @@ from conftest import one_error_line, run_cli
 from sensprof.artifacts import load_plan
 from sensprof.cli import main
 from sensprof.models import load_model
+from sensprof.pricing import priced_at
 from sensprof.selection import selection_windows
 from sensprof.table import load_profile
-from sensprof.validate import layer_choices, predicted_damage, validation_table, validation_windows
+from sensprof.validate import layer_choices, measure, predicted_damage, validation_table, validation_windows
 
 K = "int2_c32,int4_c32,int8_c32"
 V = "int2_t32,int4_t32,int8_t32"
@@ -51,24 +52,32 @@ def test_the_plan_is_the_candidate_measured_best(sel, capsys):
         assert c["budget_used"] <= plan.predicted.budget_limit * (1 + 1e-9)
         assert c["measured_kl"] > 0
     assert "chosen by measured KL on 2 x 128 unseen tokens" in out
-    # the chosen candidate's joint damage over its per-layer sum at the windows' length: recorded, and carried
-    # into validate's prediction for the plan (no other row)
-    assert best["predicted_kl_here"] > 0 and s["joint_factor"] == pytest.approx(
-        best["measured_kl"] / best["predicted_kl_here"])
-    assert plan.predicted.joint_factor == round(s["joint_factor"], 4)
-    assert "x the per-layer sum" in out
-    assert f"all layers at once measured {plan.predicted.joint_factor:g}x the per-layer sum there" in plan.describe()
-    table = load_profile(sel.profile).table
+    # the chosen candidate's joint damage over its per-layer sum, at the windows' length and at the profile's (the
+    # windows' first 32 tokens): recorded, and carried into validate's prediction for the plan (no other row)
+    assert best["predicted_kl_here"] > 0
+    assert s["joint_factor"]["128"] == pytest.approx(best["measured_kl"] / best["predicted_kl_here"], abs=1e-4)
+    assert set(s["joint_factor"]) == {"32", "128"} and plan.predicted.joint_factor == s["joint_factor"]
+    assert plan.predicted.joint_factor_at(128) == s["joint_factor"]["128"]
+    assert plan.predicted.joint_factor_at(40) == s["joint_factor"]["32"]  # the nearest measured length
+    assert plan.predicted.joint_factor_at(1024) == s["joint_factor"]["128"]
+    assert "tokens the per-layer sum" in out and "tokens the per-layer sum there" in plan.describe()
+    profile = load_profile(sel.profile)
     configs = {"plan": plan.layers, "other": layer_choices(plan, ("int8_c32", "int8_t32"))}
     fake = {name: {"kl": 0.5, "kl_std": 0.0, "dnll": 0.1, "dppl": 0.2} for name in configs}
-    df = validation_table(plan, fake, configs, table).set_index("config")
-    assert df.loc["plan", "predicted_kl"] == pytest.approx(
-        predicted_damage(table, plan.layers) * plan.predicted.joint_factor)
-    assert df.loc["other", "predicted_kl"] == pytest.approx(predicted_damage(table, configs["other"]))
+    for n in (32, 128):
+        df = validation_table(plan, fake, configs, profile.table, n, profile.meta).set_index("config")
+        at = priced_at(profile.table, "streaming", 32, n)
+        assert df.loc["plan", "predicted_kl"] == pytest.approx(
+            predicted_damage(at, plan.layers) * plan.predicted.joint_factor_at(n))
+        assert df.loc["other", "predicted_kl"] == pytest.approx(predicted_damage(at, configs["other"]))
     # the windows it chose on: none of the profile's, none of those validate will judge the plan on
-    tok = load_model(sel.model, "cpu").tokenizer
+    loaded = load_model(sel.model, "cpu")
+    tok = loaded.tokenizer
     chosen_on, slots = selection_windows(tok, plan, 2, 128)
     assert slots == s["window_slots"]
+    # the factor at the profile's length: the plan measured on those windows' first 32 tokens over its sum there
+    short = measure(loaded.model, chosen_on[:, :32], {"plan": plan.layers})["plan"]["kl"]
+    assert s["joint_factor"]["32"] == pytest.approx(short / predicted_damage(profile.table, plan.layers), abs=1e-4)
     chosen_text = [",".join(map(str, r.tolist()[1:])) for r in chosen_on]
     for n in (32, 128):  # no window validate judges on shares text with the selection's (the BOS aside)
         for r in validation_windows(plan, tok, 2, n):
