@@ -266,8 +266,9 @@ class Plan:
             lines.append(f"chosen by measured KL on {chosen['windows']} x {chosen['seq_len']} unseen tokens among "
                          f"{len(chosen['candidates'])} candidates: {won}"
                          + ("; all layers at once measured " + ", ".join(
-                             f"{float(f):g}x at {n}" for n, f in sorted(p.joint_factor.items(), key=lambda x: int(x[0])))
-                            + " tokens the per-layer sum there" if p.joint_factor else ""))
+                             f"{float(f):.2f}x ({n} tokens)" for n, f in sorted(p.joint_factor.items(),
+                                                                                key=lambda x: int(x[0])))
+                            + " the per-layer sum there" if p.joint_factor else ""))
         if self.target != "sensprof":
             flags = self.engine.flags() | {"needs_scales": self.engine.needs_scales}
             lines.append("engine: " + ", ".join(f"{k}={v}" for k, v in flags.items()))

@@ -60,7 +60,8 @@ def test_the_plan_is_the_candidate_measured_best(sel, capsys):
     assert plan.predicted.joint_factor_at(128) == s["joint_factor"]["128"]
     assert plan.predicted.joint_factor_at(40) == s["joint_factor"]["32"]  # the nearest measured length
     assert plan.predicted.joint_factor_at(1024) == s["joint_factor"]["128"]
-    assert "tokens the per-layer sum" in out and "tokens the per-layer sum there" in plan.describe()
+    assert "(128 tokens) the per-layer sum; validate's prediction carries it" in out
+    assert f"{s['joint_factor']['32']:.2f}x (32 tokens), " in plan.describe()
     profile = load_profile(sel.profile)
     configs = {"plan": plan.layers, "other": layer_choices(plan, ("int8_c32", "int8_t32"))}
     fake = {name: {"kl": 0.5, "kl_std": 0.0, "dnll": 0.1, "dppl": 0.2} for name in configs}
