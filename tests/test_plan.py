@@ -317,3 +317,21 @@ def test_missing_plan_file_is_refused(tmp_path):
 def test_plan_from_json_rejects_non_dict():
     with pytest.raises(SensprofError, match="not a sensprof plan"):
         Plan.from_json([1, 2])
+
+
+def test_every_example_plan_loads_and_reads():
+    """The plans shipped in plans/ (and the benchmark results') load with this code and describe themselves: a change
+    to the plan's fields that old files cannot satisfy fails here."""
+    import glob
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    paths = sorted(glob.glob(os.path.join(root, "plans", "*.json"))
+                   + glob.glob(os.path.join(root, "benchmarks", "results", "*", "*.json")))
+    assert len(paths) >= 10
+    for path in paths:
+        plan = load_plan(path)
+        text = plan.describe()
+        assert text.startswith(f"plan for {plan.model_id} -> target {plan.target}"), path
+        if plan.predicted.joint_factor:
+            for n in plan.predicted.joint_factor:
+                assert plan.predicted.joint_factor_at(int(n)) == plan.predicted.joint_factor[n]
