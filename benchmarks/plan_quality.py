@@ -112,11 +112,12 @@ def main():
             best = pool.loc[pool.kl.idxmin()] if len(pool) else None
             kl = measured[f"{kind} plan {b:g}"]["kl"]
             pred = summed_damage(at, pairs, "kl")
-            joint = p.predicted.joint_factor_at(n) or 1.0  # what validate predicts: the selection's joint factor
+            joint = p.predicted.joint_factor_at(n)  # what validate predicts: the selection's joint factor
             sel = p.solver.select or {}
             rows.append({"model": meta["model"]["id"], "seq_len": n, "budget": b, "plan": kind, "avg_bits": mine,
-                         "measured_kl": kl, "predicted_kl": pred * joint, "measured_over_predicted": kl / (pred * joint),
-                         "predicted_sum_kl": pred, "joint_factor": p.predicted.joint_factor_at(n),
+                         "measured_kl": kl, "predicted_kl": pred * (joint or 1.0),
+                         "measured_over_predicted": kl / (pred * (joint or 1.0)),
+                         "predicted_sum_kl": pred, "joint_factor": joint,
                          "best_uniform_le": None if best is None else best.config,
                          "best_uniform_le_bits": None if best is None else best.avg_bits,
                          "best_uniform_le_kl": None if best is None else best.kl,

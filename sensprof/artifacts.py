@@ -129,6 +129,11 @@ class Predicted:
         lengths = {int(k): float(v) for k, v in self.joint_factor.items()}
         return lengths[min(lengths, key=lambda m: (abs(math.log(m / n)), -m))]
 
+    def joint_summary(self) -> str:
+        """The joint factors as a person reads them: '1.22x (256 tokens), 1.70x (1024 tokens)'."""
+        return ", ".join(f"{float(f):.2f}x ({n} tokens)"
+                         for n, f in sorted((self.joint_factor or {}).items(), key=lambda x: int(x[0])))
+
 
 @dataclass(frozen=True)
 class SolverRecord:
@@ -265,10 +270,8 @@ class Plan:
                    "plan, so the plan is that configuration" if chosen["uniform_won"] else f"{chosen['chosen']} won")
             lines.append(f"chosen by measured KL on {chosen['windows']} x {chosen['seq_len']} unseen tokens among "
                          f"{len(chosen['candidates'])} candidates: {won}"
-                         + ("; all layers at once measured " + ", ".join(
-                             f"{float(f):.2f}x ({n} tokens)" for n, f in sorted(p.joint_factor.items(),
-                                                                                key=lambda x: int(x[0])))
-                            + " the per-layer sum there" if p.joint_factor else ""))
+                         + (f"; all layers at once measured {p.joint_summary()} the per-layer sum there"
+                            if p.joint_factor else ""))
         if self.target != "sensprof":
             flags = self.engine.flags() | {"needs_scales": self.engine.needs_scales}
             lines.append("engine: " + ", ".join(f"{k}={v}" for k, v in flags.items()))

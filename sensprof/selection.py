@@ -160,8 +160,8 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     if joint:
         record["joint_factor"] = joint
         chosen = chosen.replace(predicted=dataclasses.replace(chosen.predicted, joint_factor=joint))
-        log("select: all layers at once measured " + ", ".join(f"{f:.2f}x ({n} tokens)" for n, f in joint.items())
-            + " the per-layer sum; validate's prediction carries it")
+        log(f"select: all layers at once measured {chosen.predicted.joint_summary()} the per-layer sum; validate's "
+            "prediction carries it")
     return chosen.replace(solver=dataclasses.replace(chosen.solver, select=record))
 
 

@@ -246,6 +246,12 @@ def emulated_damage(loaded, ids: torch.Tensor, runs: list[EngineRun]) -> dict[st
             for r in runs if r.layers is not None}
 
 
+def _paired(eng: TokenDamage, emu: TokenDamage, floor: TokenDamage | None, field: str):
+    """Per token, engine - emulation (- the floor) of one figure, flattened, and its mean's standard error."""
+    d = (getattr(eng, field) - getattr(emu, field) - (getattr(floor, field) if floor is not None else 0.0)).flatten()
+    return d, (float(d.std() / math.sqrt(d.numel())) if d.numel() > 1 else float("nan"))
+
+
 def agreement(eng: TokenDamage, emu: TokenDamage, floor: TokenDamage | None = None) -> dict:
     """The figures that say whether the emulation predicts the engine (module docstring of the bounds); with the
     engine's floor (LLAMACPP_FLOOR's run), the engine is compared with the emulation plus that floor: its mean KL
@@ -253,13 +259,11 @@ def agreement(eng: TokenDamage, emu: TokenDamage, floor: TokenDamage | None = No
     e_kl, raw_kl = float(eng.kl.mean()), float(emu.kl.mean())
     floor_kl = float(floor.kl.mean()) if floor is not None else 0.0
     s_kl = raw_kl + floor_kl
-    diff = (eng.dnll - emu.dnll - (floor.dnll if floor is not None else 0.0)).flatten()
+    diff, se = _paired(eng, emu, floor, "dnll")
     n = diff.numel()
-    se = float(diff.std() / math.sqrt(n)) if n > 1 else float("nan")
     # the KL ratio's own noise (reported, not a bound): the per-token KL difference's standard error over the
     # predicted KL; a miss of the 15% bound within ~2 of these is what these tokens cannot resolve
-    kl_diff = (eng.kl - emu.kl - (floor.kl if floor is not None else 0.0)).flatten()
-    kl_se = float(kl_diff.std() / math.sqrt(n)) if n > 1 else float("nan")
+    _, kl_se = _paired(eng, emu, floor, "kl")
     a, b = eng.dnll.flatten(), emu.dnll.flatten()
     corr = float(torch.corrcoef(torch.stack([a, b]))[0, 1]) if n > 1 and a.std() > 0 and b.std() > 0 else float("nan")
     gap = float((eng.base_nll - emu.base_nll).abs().max())
@@ -339,7 +343,7 @@ def format_engine_table(df) -> str:
         corr = f"{r.dnll_corr:.2f}" if r.corr_applies else f"({r.dnll_corr:.2f})"
         lines.append(f"{r.config:<16}{r.tokens:>7}{r.predicted_kl:>10.2e}{r.emulated_kl:>10.2e}"
                      + (f"{r.engine_floor_kl:>10.2e}" if floor else "") + f"{r.engine_kl:>11.2e}"
-                     f"{r.kl_ratio:>10.2f} ± {getattr(r, 'kl_ratio_se', float('nan')):.2f}{r.emulated_dnll:>+11.4f}{r.engine_dnll:>+10.4f}"
+                     f"{r.kl_ratio:>10.2f} ± {r.kl_ratio_se:.2f}{r.emulated_dnll:>+11.4f}{r.engine_dnll:>+10.4f}"
                      f"{r.dnll_diff:>+10.4f} ± {r.dnll_diff_se:.4f}{corr:>7}  {'yes' if r.agrees else 'NO'}")
     return "\n".join(lines)
 
