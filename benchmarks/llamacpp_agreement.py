@@ -5,7 +5,8 @@ the default model, for a second model (or any), printing one row per -ctk/-ctv p
 
 Needs llama.cpp's environment (tools/engines/install.sh). Each pair is run in llama.cpp (with its baseline and its
 floor, sensprof/validate_engine.py) and emulated with the schemes the llamacpp target prices it with (the key
-channel order from the model's class)."""
+channel order from the model's class), in llama.cpp's numerics (the GGUF's matmul input rounding, --draws draws)
+and in float32."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from sensprof.data import load_windows
 from sensprof.engines.llamacpp.catalog import channel_order, key_scheme, value_scheme
 from sensprof.engines.run.python import find_engine_python
 from sensprof.models import describe_layers, fingerprint, load_model
-from sensprof.validate_engine import LLAMACPP_BASELINE, LLAMACPP_FLOOR, compare_with_engine, llamacpp_run
+from sensprof import validate_engine
+from sensprof.validate_engine import (LLAMACPP_BASELINE, LLAMACPP_DRAWS, LLAMACPP_FLOOR, compare_with_engine,
+                                      llamacpp_run)
 
 PAIRS = "q8_0/q8_0,q5_1/q5_1,q5_0/q5_0,q4_1/q4_1,q4_0/q4_0,q8_0/q4_0,q4_0/q8_0"
 
@@ -31,6 +34,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=384)
     ap.add_argument("--windows", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--draws", type=int, default=LLAMACPP_DRAWS)
     args = ap.parse_args()
     t0 = time.time()
     torch.set_grad_enabled(False)
@@ -47,15 +51,17 @@ def main() -> None:
 
     pairs = [p.split("/") for p in args.pairs.split(",")]
     runs = [LLAMACPP_BASELINE, LLAMACPP_FLOOR] + [llamacpp_run(plan(k, v), f"{k}/{v}") for k, v in pairs]
+    validate_engine.LLAMACPP_DRAWS = args.draws  # emulated_damage's default
     rows = compare_with_engine("llamacpp", find_engine_python("llamacpp"), loaded, ids, runs, "llamacpp_agreement.log")
     print(f"{type(model).__name__}, key order {order}, {args.windows} x {args.seq_len} tokens (seed {args.seed}); "
           f"llama.cpp's floor: KL {rows[0]['engine_floor_kl']:.3e}, dNLL {rows[0]['engine_floor_dnll']:+.4f}")
-    print("| -ctk / -ctv | llama.cpp KL | emulated KL | llama.cpp / emulated | llama.cpp / (emulated + floor) "
-          "| dNLL engine - (emulation + floor) (± SE) | agrees |")
-    print("|---|---|---|---|---|---|---|")
+    print("| -ctk / -ctv | llama.cpp KL | emulated KL, float32 | llama.cpp / float32 | emulated KL, llama.cpp's "
+          "numerics (draws' SD) | llama.cpp / emulated (± SE) | dNLL engine - emulation (± SE: of the tokens, of the draws) | agrees |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| `{r['config']}` | {r['engine_kl']:.3e} | {r['emulated_kl']:.3e} | {r['raw_kl_ratio']:.2f} | "
-              f"{r['kl_ratio']:.2f} | {r['dnll_diff']:+.4f} ± {r['dnll_diff_se']:.4f} | "
+        print(f"| `{r['config']}` | {r['engine_kl']:.3e} | {r['float_emulated_kl']:.3e} | {r['raw_kl_ratio']:.2f} | "
+              f"{r['emulated_kl']:.3e} ({r['emulated_kl_draw_sd'] / r['emulated_kl']:.0%}) | "
+              f"{r['kl_ratio']:.2f} ± {r['kl_ratio_se']:.2f} | {r['dnll_diff']:+.4f} ± {r['dnll_diff_se']:.4f} (tokens {r['dnll_diff_se_tokens']:.4f}, draws {r['dnll_draw_sd']:.4f}) | "
               f"{'yes' if r['agrees'] else 'no'} |")
     print(f"{time.time() - t0:.0f} s")
 

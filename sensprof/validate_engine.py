@@ -59,13 +59,17 @@ VLLM_BASELINE = EngineRun("engine baseline", {"kv_cache_dtype": "auto", "skip_la
 LLAMACPP_BASELINE = EngineRun("engine baseline", {"type_k": "f32", "type_v": "f32"})
 FLOOR_UBATCH = 32
 LLAMACPP_FLOOR = EngineRun("engine floor", {"type_k": "f32", "type_v": "f32", "ubatch": FLOOR_UBATCH}, floor=True)
-"""llama.cpp's own numerical floor. Its baseline (an f32 cache, which flash attention reads as f16) takes ggml-cpu's
-tiled attention; every quantized cache takes the one-chunk path, and so does the baseline itself when a ubatch
-holds fewer query rows than the 64-row tile. The GGUF's matmuls quantize their inputs (q8 blocks), so two
-numerically different paths through the same model flip rounding decisions and drift apart: the same f32 cache
-through the one-chunk path measures about as much KL against the tiled baseline as a q8_0 cache does (docs/engines.md).
-That KL is what any quantized cache pays before its own error, so llama.cpp's damage is compared with the
-emulation's plus this floor (and the floor, measured, is reported beside it)."""
+"""llama.cpp's own numerical floor, reported beside each pair. Its baseline (an f32 cache, which flash attention
+reads as f16) takes ggml-cpu's tiled attention; every quantized cache takes the one-chunk path, and so does the
+baseline itself when a ubatch holds fewer query rows than the 64-row tile. That run changes no cache value, only the
+arithmetic, and still measures about what a q8_0 cache does: llama.cpp's matmuls round their inputs
+(engines/llamacpp/numerics.py), so any small change travels on. The emulation runs the same roundings
+(LLAMACPP_DRAWS), which the engine's KL is compared with; its ΔNLL is compared with the float32 emulation's plus
+this run's (agreement)."""
+LLAMACPP_DRAWS = 8
+"""Draws of llama.cpp's numerics the emulation averages (numerics.py: which activation codes flip depends on the
+exact values, so one run is one draw). Their spread is the noise of the engine's one measurement too, reported in
+the KL ratio's standard error (agreement)."""
 
 
 # ---------------------------------------------------------------- what each engine runs for a plan
@@ -209,6 +213,10 @@ class TokenDamage:
     dnll: torch.Tensor
     base_nll: torch.Tensor
     top1: float = float("nan")
+    draws_kl: tuple = ()  # an emulation averaged over draws of the engine's numerics: each draw's mean KL, ΔNLL
+    draws_dnll: tuple = ()
+    float_kl: float = float("nan")  # beside the draws, the float32 model's emulation (what a profile prices) ...
+    float_dnll: torch.Tensor | None = None  # ... and its per-token ΔNLL
 
 
 def engine_damage(engine: str, loaded, ids: torch.Tensor, runs: list[EngineRun], raw) -> dict[str, TokenDamage]:
@@ -237,33 +245,64 @@ def engine_damage(engine: str, loaded, ids: torch.Tensor, runs: list[EngineRun],
     return out
 
 
-def emulated_damage(loaded, ids: torch.Tensor, runs: list[EngineRun]) -> dict[str, TokenDamage]:
+def emulated_damage(loaded, ids: torch.Tensor, runs: list[EngineRun], gguf: str | None = None,
+                    draws: int | None = None) -> dict[str, TokenDamage]:
+    """sensprof's emulation of each run; with `gguf`, in llama.cpp's numerics for that file (its matmuls' input
+    rounding), averaged per token over `draws` draws (default LLAMACPP_DRAWS), beside the float32 model's."""
     from .validate import measure
 
-    measured = measure(loaded.model, ids, {r.name: r.layers for r in runs if r.layers is not None}, per_token=True)
-    base = measured["baseline"]["nll_tokens"]
-    return {r.name: TokenDamage(measured[r.name]["kl_tokens"], measured[r.name]["dnll_tokens"], base)
-            for r in runs if r.layers is not None}
+    configs = {r.name: r.layers for r in runs if r.layers is not None}
+    plain = measure(loaded.model, ids, configs, per_token=True)
+    if gguf is None:
+        base = plain["baseline"]["nll_tokens"]
+        return {name: TokenDamage(plain[name]["kl_tokens"], plain[name]["dnll_tokens"], base) for name in configs}
+    from .engines.llamacpp.numerics import llamacpp_numerics
+
+    each = []
+    for draw in range(draws or LLAMACPP_DRAWS):
+        with llamacpp_numerics(loaded.model, gguf, draw):
+            each.append(measure(loaded.model, ids, configs, per_token=True))
+
+    def mean(name, field):
+        return torch.stack([m[name][field] for m in each]).mean(0)
+
+    base = torch.stack([m["baseline"]["nll_tokens"] for m in each]).mean(0)
+    return {name: TokenDamage(mean(name, "kl_tokens"), mean(name, "dnll_tokens"), base,
+                              draws_kl=tuple(float(m[name]["kl_tokens"].mean()) for m in each),
+                              draws_dnll=tuple(float(m[name]["dnll_tokens"].mean()) for m in each),
+                              float_kl=float(plain[name]["kl_tokens"].mean()), float_dnll=plain[name]["dnll_tokens"])
+            for name in configs}
 
 
-def _paired(eng: TokenDamage, emu: TokenDamage, floor: TokenDamage | None, field: str):
-    """Per token, engine - emulation (- the floor) of one figure, flattened, and its mean's standard error."""
-    d = (getattr(eng, field) - getattr(emu, field) - (getattr(floor, field) if floor is not None else 0.0)).flatten()
-    return d, (float(d.std() / math.sqrt(d.numel())) if d.numel() > 1 else float("nan"))
+def _se(d: torch.Tensor) -> float:
+    """The standard error of a per-token difference's mean."""
+    d = d.flatten()
+    return float(d.std() / math.sqrt(d.numel())) if d.numel() > 1 else float("nan")
+
+
+def _spread(values) -> float:
+    return float(torch.tensor(values, dtype=torch.float64).std()) if len(values) > 1 else 0.0
 
 
 def agreement(eng: TokenDamage, emu: TokenDamage, floor: TokenDamage | None = None) -> dict:
-    """The figures that say whether the emulation predicts the engine (module docstring of the bounds); with the
-    engine's floor (LLAMACPP_FLOOR's run), the engine is compared with the emulation plus that floor: its mean KL
-    added to the emulated KL, its per-token ΔNLL to the emulated ΔNLL."""
-    e_kl, raw_kl = float(eng.kl.mean()), float(emu.kl.mean())
-    floor_kl = float(floor.kl.mean()) if floor is not None else 0.0
-    s_kl = raw_kl + floor_kl
-    diff, se = _paired(eng, emu, floor, "dnll")
+    """The figures that say whether the emulation predicts the engine (module docstring of the bounds).
+
+    llama.cpp (an emulation drawn in its numerics, with the engine's floor): the engine's KL is held to the
+    emulation in its numerics — KL is second order in a change, and the flips its activation rounding adds to any
+    change do not add to the cache's own damage, so only a model with that rounding predicts it; the KL ratio's
+    noise counts the draws' spread, which one engine run has too. Its mean ΔNLL, first order, is held to the float32
+    emulation's plus the engine's floor's (the same path without quantization), which add: measured, the emulation
+    in llama.cpp's numerics runs 0.008 above the engine's ΔNLL on the default model (docs/engines.md)."""
+    drawn = bool(emu.draws_kl)
+    e_kl, s_kl = float(eng.kl.mean()), float(emu.kl.mean())
+    float_kl = emu.float_kl if drawn else s_kl
+    ref_dnll = (emu.float_dnll if drawn else emu.dnll) + (floor.dnll if floor is not None else 0.0)
+    diff = (eng.dnll - ref_dnll).flatten()
+    se = _se(diff)
+    draw_sd_kl = _spread(emu.draws_kl)
+    # the KL ratio's own noise (reported, not a bound): per token and draw to draw, over the emulated KL
+    kl_se = math.hypot(_se(eng.kl - emu.kl), draw_sd_kl)
     n = diff.numel()
-    # the KL ratio's own noise (reported, not a bound): the per-token KL difference's standard error over the
-    # predicted KL; a miss of the 15% bound within ~2 of these is what these tokens cannot resolve
-    _, kl_se = _paired(eng, emu, floor, "kl")
     a, b = eng.dnll.flatten(), emu.dnll.flatten()
     corr = float(torch.corrcoef(torch.stack([a, b]))[0, 1]) if n > 1 and a.std() > 0 and b.std() > 0 else float("nan")
     gap = float((eng.base_nll - emu.base_nll).abs().max())
@@ -271,11 +310,15 @@ def agreement(eng: TokenDamage, emu: TokenDamage, floor: TokenDamage | None = No
     dnll_ok = abs(float(diff.mean())) <= DNLL_SE * se
     corr_applies = gap <= BASELINE_MATCH
     corr_ok = (not corr_applies) or corr >= MIN_CORR
-    return {"tokens": n, "engine_kl": e_kl, "emulated_kl": raw_kl, "engine_floor_kl": floor_kl,
+    return {"tokens": n, "engine_kl": e_kl, "emulated_kl": s_kl, "float_emulated_kl": float_kl,
+            "numerics_draws": len(emu.draws_kl), "emulated_kl_draw_sd": draw_sd_kl,
+            "engine_floor_kl": float(floor.kl.mean()) if floor is not None else 0.0,
             "kl_ratio": e_kl / s_kl if s_kl > 0 else float("nan"),
             "kl_ratio_se": kl_se / s_kl if s_kl > 0 else float("nan"),
-            "raw_kl_ratio": e_kl / raw_kl if raw_kl > 0 else float("nan"),
-            "engine_dnll": float(eng.dnll.mean()), "emulated_dnll": float(emu.dnll.mean()),
+            "raw_kl_ratio": e_kl / float_kl if float_kl > 0 else float("nan"),
+            "engine_dnll": float(eng.dnll.mean()),
+            "emulated_dnll": float((emu.float_dnll if drawn else emu.dnll).mean()),
+            "numerics_dnll": float(emu.dnll.mean()) if drawn else float("nan"),
             "engine_floor_dnll": float(floor.dnll.mean()) if floor is not None else 0.0,
             "dnll_diff": float(diff.mean()), "dnll_diff_se": se, "dnll_corr": corr, "baseline_max_dlogp": gap,
             "engine_top1": eng.top1, "kl_agrees": kl_ok, "dnll_agrees": dnll_ok, "corr_applies": corr_applies,
@@ -288,15 +331,15 @@ def compare_with_engine(engine_name: str, engine: EnginePython, loaded, ids: tor
     on the same tokens."""
     workdir = tempfile.mkdtemp(prefix="sensprof-engine-")
     try:
-        if engine_name == "vllm":
+        gguf = None if engine_name == "vllm" else gguf_path(next(r.plan for r in runs if r.plan).model_id)
+        if gguf is None:
             raw = run_vllm(engine, loaded, runs, ids, workdir, log_path)
         else:
-            raw = run_llamacpp(engine, gguf_path(next(r.plan for r in runs if r.plan).model_id), runs, ids, workdir,
-                               log_path)
+            raw = run_llamacpp(engine, gguf, runs, ids, workdir, log_path)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     eng = engine_damage(engine_name, loaded, ids, runs, raw)
-    emu = emulated_damage(loaded, ids, runs)
+    emu = emulated_damage(loaded, ids, runs, gguf=gguf)
     floor = next((eng[r.name] for r in runs[1:] if r.floor), None)
     rows = []
     for r in runs[1:]:
@@ -335,15 +378,25 @@ def validate_with_engine(engine: EnginePython, runs: list[EngineRun], loaded, id
 
 
 def format_engine_table(df) -> str:
-    floor = "engine_floor_kl" in df and bool((df.engine_floor_kl > 0).any())
-    ratio = "eng/(e+f)" if floor else "eng/emul"  # with llama.cpp's floor: engine / (emulated + floor)
-    lines = [f"{'configuration':<16}{'tokens':>7}{'pred KL':>10}{'emul KL':>10}" + (f"{'+ floor':>10}" if floor else "")
-             + f"{'engine KL':>11}{ratio + ' ± SE':>16}{'emul dNLL':>11}{'eng dNLL':>10}{'diff ± SE':>19}{'corr':>7}  agrees"]
+    """llama.cpp's rows also show the float32 model's emulation (what the profile prices: `f32 KL`) and the
+    engine's floor (reported); `emul KL` is then the emulation in llama.cpp's numerics, which the engine is held to."""
+    drawn = "numerics_draws" in df and bool((df.numerics_draws > 0).any())
+    extra = f"{'f32 KL':>10}" if drawn else ""
+    extra_floor = f"{'floor':>10}" if drawn else ""
+    lines = [f"{'configuration':<16}{'tokens':>7}{'pred KL':>10}" + extra + f"{'emul KL':>10}" + extra_floor
+             + f"{'engine KL':>11}{'eng/emul ± SE':>16}{'emul dNLL':>11}{'eng dNLL':>10}{'diff ± SE':>19}{'corr':>7}"
+             "  agrees"]
+    dnll_ref = "emul dNLL: the float32 emulation's, and diff: engine - it - the floor's" if drawn else ""
     for r in df.itertuples():
         corr = f"{r.dnll_corr:.2f}" if r.corr_applies else f"({r.dnll_corr:.2f})"
-        lines.append(f"{r.config:<16}{r.tokens:>7}{r.predicted_kl:>10.2e}{r.emulated_kl:>10.2e}"
-                     + (f"{r.engine_floor_kl:>10.2e}" if floor else "") + f"{r.engine_kl:>11.2e}"
+        lines.append(f"{r.config:<16}{r.tokens:>7}{r.predicted_kl:>10.2e}"
+                     + (f"{r.float_emulated_kl:>10.2e}" if drawn else "") + f"{r.emulated_kl:>10.2e}"
+                     + (f"{r.engine_floor_kl:>10.2e}" if drawn else "") + f"{r.engine_kl:>11.2e}"
                      f"{r.kl_ratio:>10.2f} ± {r.kl_ratio_se:.2f}{r.emulated_dnll:>+11.4f}{r.engine_dnll:>+10.4f}"
                      f"{r.dnll_diff:>+10.4f} ± {r.dnll_diff_se:.4f}{corr:>7}  {'yes' if r.agrees else 'NO'}")
+    if drawn:
+        n = int(df.numerics_draws.max())
+        lines.append(f"emul KL: sensprof's emulation in llama.cpp's numerics (its matmuls' input rounding), mean of {n} "
+                     "draws, ± with the draws' spread; f32 KL: the float32 model's (what the profile prices); floor: "
+                     f"llama.cpp's f32 cache along another path; {dnll_ref}")
     return "\n".join(lines)
-

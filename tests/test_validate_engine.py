@@ -82,22 +82,36 @@ def test_agreement_figures():
     assert not far["corr_applies"] and far["corr_agrees"] and far["baseline_max_dlogp"] == pytest.approx(0.5)
 
 
-def test_agreement_adds_the_engines_floor():
-    """llama.cpp: the engine's KL is compared with the emulated KL plus the engine's own measured floor; the raw
-    ratio stays in the row."""
+def test_agreement_with_draws_of_the_engines_numerics():
+    """llama.cpp: the engine's KL is held to the emulation in its numerics (the mean of several draws, whose spread
+    joins the ratio's noise); its ΔNLL to the float32 emulation's plus the engine's floor's; the floor's KL is
+    reported, not added; the raw ratio is over the float32 emulation."""
     g = torch.Generator().manual_seed(1)
     d = torch.rand(2, 400, generator=g, dtype=torch.float64) * 0.01
     base = torch.rand(2, 400, generator=g, dtype=torch.float64)
+    noise = torch.randn(2, 400, generator=g, dtype=torch.float64) * 1e-3
     shift = torch.randn(2, 400, generator=g, dtype=torch.float64) * 0.01 + 0.02  # the floor's own dNLL per token
-    floor = _damage(d, shift, base)  # the engine measures twice the emulation: its floor is as large as the damage
-    eng, emu = _damage(2 * d, d + shift, base), _damage(d, d, base)
-    without = agreement(eng, emu)
-    assert not without["kl_agrees"] and not without["dnll_agrees"] and without["raw_kl_ratio"] == pytest.approx(2.0)
-    with_floor = agreement(eng, emu, floor)
-    assert with_floor["kl_agrees"] and with_floor["kl_ratio"] == pytest.approx(1.0) and with_floor["dnll_agrees"]
-    assert with_floor["raw_kl_ratio"] == pytest.approx(2.0) and with_floor["engine_floor_kl"] == pytest.approx(float(d.mean()))
-    assert with_floor["emulated_kl"] == pytest.approx(float(d.mean())) and with_floor["dnll_diff"] == pytest.approx(0.0)
-    assert with_floor["engine_floor_dnll"] == pytest.approx(float(shift.mean()))
+    floor = _damage(0.8 * d, shift, base)
+    eng = _damage(1.05 * d, d + shift + noise, base)
+    m = float(d.mean())
+    drawn = dataclasses.replace(_damage(d, 3 * (d + shift), base), draws_kl=(0.9 * m, 1.1 * m), draws_dnll=(0.0, 0.1),
+                                float_kl=0.5 * m, float_dnll=d)
+    row = agreement(eng, drawn, floor)
+    assert row["kl_ratio"] == pytest.approx(1.05) and row["raw_kl_ratio"] == pytest.approx(2.1) and row["kl_agrees"]
+    assert row["numerics_draws"] == 2 and row["emulated_kl_draw_sd"] == pytest.approx(0.2 * m / 2 ** 0.5)
+    tokens_only = float((eng.kl - d).std()) / 800 ** 0.5
+    assert row["kl_ratio_se"] == pytest.approx((tokens_only ** 2 + row["emulated_kl_draw_sd"] ** 2) ** 0.5 / m)
+    assert row["engine_floor_kl"] == pytest.approx(0.8 * m) and row["emulated_kl"] == pytest.approx(m)  # not added
+    # dNLL: the float32 emulation's plus the floor's (the numerics' own 3x is reported beside it)
+    assert row["emulated_dnll"] == pytest.approx(m) and row["numerics_dnll"] == pytest.approx(3 * (m + float(shift.mean())))
+    assert row["dnll_diff"] == pytest.approx(float(noise.mean())) and row["dnll_agrees"] and row["agrees"]
+    assert row["dnll_diff_se"] == pytest.approx(float(noise.std()) / 800 ** 0.5)
+    # without the floor's dNLL the engine's is far off
+    assert not agreement(eng, drawn)["dnll_agrees"]
+    # an emulation without draws (vLLM): compared as it is
+    one = agreement(eng, _damage(d, d + shift, base))
+    assert one["numerics_draws"] == 0 and one["float_emulated_kl"] == pytest.approx(m) and one["dnll_agrees"]
+    assert one["numerics_dnll"] != one["numerics_dnll"]  # NaN: not drawn
 
 
 def test_llamacpp_runs_include_the_engines_floor(model, monkeypatch):
@@ -187,7 +201,13 @@ def test_engine_table_shows_the_ratio_with_its_noise():
     g = torch.Generator().manual_seed(2)
     d = torch.rand(2, 400, generator=g, dtype=torch.float64) * 0.01
     base = torch.rand(2, 400, generator=g, dtype=torch.float64)
-    row = agreement(_damage(1.1 * d, d, base), _damage(d, d, base), _damage(0.1 * d, 0 * d, base))
-    text = format_engine_table(pd.DataFrame([{"config": "plan", "predicted_kl": 0.01, **row}]))
-    assert "eng/(e+f) ± SE" in text.splitlines()[0]
-    assert f"{row['kl_ratio']:.2f} ± {row['kl_ratio_se']:.2f}" in text.splitlines()[1]
+    drawn = dataclasses.replace(_damage(d, d, base), draws_kl=(0.009, 0.011), draws_dnll=(0.0, 0.001), float_kl=0.002,
+                                float_dnll=d)
+    row = agreement(_damage(1.1 * d, d, base), drawn, _damage(0.1 * d, 0 * d, base))
+    lines = format_engine_table(pd.DataFrame([{"config": "plan", "predicted_kl": 0.01, **row}])).splitlines()
+    assert "eng/emul ± SE" in lines[0] and "f32 KL" in lines[0] and "floor" in lines[0]
+    assert f"{row['kl_ratio']:.2f} ± {row['kl_ratio_se']:.2f}" in lines[1] and "2.00e-03" in lines[1]
+    assert "mean of 2 draws" in lines[2]
+    plain = agreement(_damage(1.1 * d, d, base), _damage(d, d, base))  # vLLM: no numerics columns
+    lines = format_engine_table(pd.DataFrame([{"config": "plan", "predicted_kl": 0.01, **plain}])).splitlines()
+    assert "f32 KL" not in lines[0] and len(lines) == 2

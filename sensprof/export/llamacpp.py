@@ -67,11 +67,13 @@ def needs_weights(opts) -> bool:
 
 
 def floor_comment(plan: Plan) -> list[str]:
-    """The damage llama.cpp adds beyond what its cache stores, which no emulation of the cache predicts."""
+    """The damage llama.cpp adds beyond what its cache stores: its matmuls round their inputs, and those roundings
+    carry any change on (engines/llamacpp/numerics.py); the plan is priced on the float32 model, which has none."""
     if cache_types(plan) == ("f16", "f16"):
         return []
-    return ["# llama.cpp adds a floor of its own with any quantized cache (its quantized matmuls amplify any change "
-            "of attention path); `sensprof validate PLAN --engine llamacpp` measures it (docs/engines.md)"]
+    return ["# llama.cpp adds a floor of its own with any quantized cache (its matmuls round their inputs, which "
+            "carries any change on); `sensprof validate PLAN --engine llamacpp` measures it and emulates it "
+            "(docs/engines.md)"]
 
 
 def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[str], list[str], bool]:

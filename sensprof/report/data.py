@@ -231,7 +231,11 @@ def read_engine_check(csv: str):
     if missing or df.empty:
         raise SensprofError(f"{csv} is not a `sensprof validate --engine` table (missing {missing or 'rows'}); re-run it")
     floor = df["engine_floor_kl"] if "engine_floor_kl" in df.columns else 0.0  # llama.cpp's; absent before it existed
-    return df[list(ENGINE_COLUMNS)].assign(engine_floor_kl=floor)
+    drawn = df["numerics_draws"] if "numerics_draws" in df.columns else 0
+    # what the engine was held to: the emulation (llama.cpp's: in its numerics); in llama.cpp tables made before
+    # those numerics were emulated, the float32 emulation plus the engine's floor
+    compared = df["emulated_kl"] + floor * (drawn == 0)
+    return df[list(ENGINE_COLUMNS)].assign(engine_floor_kl=floor, numerics_draws=drawn, compared_kl=compared)
 
 
 def validation_path(plan_path: str) -> str:

@@ -377,9 +377,11 @@ def engine_check(df, title: str) -> Figure:
     ax = fig.subplots()
     y = np.arange(n)
     h = 0.4
-    emu = (df.emulated_kl + df.engine_floor_kl).to_numpy(float)  # llama.cpp: plus the engine's own floor
+    emu = df.compared_kl.to_numpy(float)  # what the engine was held to (report.data.read_engine_check)
     eng = df.engine_kl.to_numpy(float)
-    label = "sensprof's emulation" + (" + the engine's floor" if (df.engine_floor_kl > 0).any() else "")
+    drawn = df.numerics_draws > 0
+    label = "sensprof's emulation" + (" in the engine's numerics" if drawn.any() else "") + (
+        " + the engine's floor" if ((df.engine_floor_kl > 0) & ~drawn).any() else "")
     ax.barh(y - h / 2, emu, height=h, color=OKABE_ITO["sky"], label=label)
     ax.barh(y + h / 2, eng, height=h, color=OKABE_ITO["vermillion"], hatch="//", edgecolor="white",
             label="the running engine")
