@@ -12,6 +12,10 @@ the most memory; "best uniform" is the lowest measured KL among those with no mo
 planner's budget unit) than the plan. Targets (issue 25): plan / best uniform <= 0.5 at 4x the profile's length,
 never above 1.0; measured / predicted (the profile priced at that length, times the joint factor a selected plan
 measured on the selection's windows, as validate predicts it) in 0.8-1.25.
+
+With `--target vllm` (a profile made with `--target vllm`: every cached token read quantized, the `all` regime) the
+plans are vLLM's (one dtype, plus the layers to skip) and the uniform configurations are vLLM's dtypes alone, each
+with only the layers vLLM itself keeps (what `sensprof validate` shows beside a vLLM plan); no selection.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ def main():
     ap.add_argument("--unpriced", action="store_true",
                     help="also plan with the damage as the profile measured it (at its own window: the planner before "
                          "sensprof.pricing), memory priced alike")
+    ap.add_argument("--target", default="sensprof", choices=["sensprof", "vllm"])
     ap.add_argument("--model", default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=None)
@@ -49,7 +54,7 @@ def main():
     from sensprof.selection import select_measured, uniform_candidates
     from sensprof.table import load_profile, summed_damage
     from sensprof.targets import get_target
-    from sensprof.validate import layer_choices, measure, plan_reads, validation_windows
+    from sensprof.validate import layer_choices, measure, plan_reads, reference_configs, validation_windows
 
     t0 = time.time()
     profile = load_profile(args.profile, require_complete=True)
@@ -59,9 +64,17 @@ def main():
     loaded = load_model(args.model or meta["model"]["id"], args.device)
     budgets = [float(x) for x in args.avg_bits.split(",")]
     plans, uniforms = {}, {}
+    if args.target != "sensprof":
+        args.select, args.unpriced = 0, False
     for b in budgets:
         budget = Budget("avg_bits", b)
-        priced = make_plan(args.profile, "sensprof", budget)
+        priced = make_plan(args.profile, args.target, budget, vllm_gpu=meta.get("settings", {}).get("vllm_gpu"))
+        if args.target != "sensprof":
+            plans[(b, "priced")] = priced
+            for name, layer_plans in reference_configs(priced).items():
+                if name.startswith(f"{args.target} ") and "heuristic" not in name:
+                    uniforms[name] = [(q.k_scheme, q.v_scheme) for q in layer_plans]
+            continue
         plans[(b, "priced")] = priced
         if args.unpriced:
             from sensprof.plan import build_plan
@@ -79,6 +92,9 @@ def main():
     template = plans[(budgets[0], "selected" if args.select else "priced")]
     reads = plan_reads(template)
     layers = meta["layers"]
+
+    def per_layer(pair):  # one (K, V) pair for every layer, or a list of pairs
+        return pair if isinstance(pair, list) else [pair] * len(layers)
 
     def bits(pairs):
         elems = sum(2 * layer["kv_heads"] * layer["head_dim"] for layer in layers)
@@ -103,7 +119,7 @@ def main():
                            reads=reads)
         measured = {name: measured[alias[name]] for name in alias}
         at = priced_at(profile.table, meta.get("reads", "streaming"), own, n)
-        uni = pd.DataFrame([{"config": name, "avg_bits": bits([pair] * len(layers)), "kl": measured[name]["kl"]}
+        uni = pd.DataFrame([{"config": name, "avg_bits": bits(per_layer(pair)), "kl": measured[name]["kl"]}
                             for name, pair in uniforms.items()])
         for (b, kind), p in plans.items():
             pairs = [(q.k_scheme, q.v_scheme) for q in p.layers]
@@ -127,8 +143,8 @@ def main():
             r = uni[uni.config == name].iloc[0]
             rows.append({"model": meta["model"]["id"], "seq_len": n, "budget": None, "plan": name,
                          "avg_bits": r.avg_bits, "measured_kl": r.kl,
-                         "predicted_kl": summed_damage(at, [uniforms[name]] * len(layers), "kl")})
-    df = pd.DataFrame(rows)
+                         "predicted_kl": summed_damage(at, per_layer(uniforms[name]), "kl")})
+    df = pd.DataFrame(rows).assign(reads=reads)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 20)
     pd.set_option("display.max_colwidth", 40)

@@ -43,7 +43,8 @@ else:
         print(f"\n<!-- {path} -->")
         for n, g in df.groupby("seq_len"):
             plans = g[g.budget.notna()]
-            print(f"\n**{g.model.iloc[0]}, {n} tokens** (2 unseen windows, read streaming)\n")
+            reads = g.reads.iloc[0] if "reads" in g else "streaming"  # CSVs before the column: the sensprof target's
+            print(f"\n**{g.model.iloc[0]}, {n} tokens** (2 unseen windows, read {reads})\n")
             print("| budget | plan | bits | measured KL | predicted KL | meas/pred | best uniform ≤ memory (bits) | its KL | plan / uniform | selection chose |")
             print("|---|---|---|---|---|---|---|---|---|---|")
             for r in plans.itertuples():

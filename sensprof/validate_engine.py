@@ -11,7 +11,9 @@ of each engine measurement, as sensprof's unquantized model is the baseline of i
 Per next-token position both sides give the KL of the next-token distribution against their baseline and the
 change in NLL (ΔNLL). vLLM's KL is over the whole vocabulary: the runner returns the decoder's final hidden states
 and the model's own LM head is applied here (vLLM's logprobs API would cap the vocabulary). llama.cpp returns every
-position's logits, and its runner computes the KL and NLL over the whole vocabulary itself.
+position's logits, and its runner computes the KL and NLL over the whole vocabulary itself. llama.cpp's model
+rounds every matmul input (engines/llamacpp/numerics.py), which the float32 model does not, so its emulation runs
+those roundings too (LLAMACPP_DRAWS).
 """
 
 from __future__ import annotations
