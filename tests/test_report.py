@@ -464,3 +464,19 @@ def test_corrupt_engine_check_csv(run, capsys, tmp_path):
     shutil.copyfile(run.plan, p)
     (tmp_path / "v.engine-llamacpp.csv").write_text("config,engine_kl\nplan,0.1\n")
     assert "not a `sensprof validate --engine` table" in err(capsys, run.profile, "--plan", p, "--out", tmp_path / "r")
+
+
+def test_engine_check_compares_with_what_the_engine_was_held_to(tmp_path):
+    """A llama.cpp table from before its numerics were emulated held the engine to the float32 emulation plus the
+    floor; a newer one to the emulation in llama.cpp's numerics (numerics_draws > 0), the floor only reported."""
+    from sensprof.report.data import read_engine_check
+
+    head = ENGINE_ROWS.splitlines()[0]
+    row = "plan,llama_cpp_python 0.3.36,type_k=q5_1,2,0.01,510,0.014,{emu},1.0,0.0,0.01,0.0,0.01,0.3,0.4,,True,True,False,True,True,256"
+    old = tmp_path / "old.csv"
+    old.write_text(f"{head},engine_floor_kl\n" + row.format(emu=0.01) + ",0.004\n")
+    new = tmp_path / "new.csv"
+    new.write_text(f"{head},engine_floor_kl,numerics_draws\n" + row.format(emu=0.014) + ",0.004,8\n")
+    assert read_engine_check(str(old)).compared_kl.iloc[0] == pytest.approx(0.014)
+    assert read_engine_check(str(new)).compared_kl.iloc[0] == pytest.approx(0.014)
+    assert read_engine_check(str(tmp_path / "old.csv")).numerics_draws.iloc[0] == 0
