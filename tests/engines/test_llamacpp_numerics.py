@@ -99,6 +99,19 @@ def test_each_linear_gets_its_weight_types_rounding(tiny_with_gguf):
     assert sum(1 for k in r if k != "lm_head") == 7 * model.config.num_hidden_layers
 
 
+def test_a_model_the_gguf_does_not_describe_is_refused(tiny_with_gguf, tmp_path):
+    from sensprof.errors import SensprofError
+
+    model, _ = tiny_with_gguf
+    other = tmp_path / "other.gguf"
+    _fake_gguf(other, model, lambda name: "Q4_1")
+    wrapper = torch.nn.Module()
+    wrapper.inner = model  # module names gain a prefix gguf cannot map
+    wrapper.get_output_embeddings = model.get_output_embeddings
+    with pytest.raises(SensprofError, match="none of Module's linear layers matches a tensor of .*other.gguf"):
+        matmul_roundings(wrapper, str(other))
+
+
 def test_numerics_round_inputs_inside_and_leave_the_model_alone_after(tiny_with_gguf):
     model, path = tiny_with_gguf
     ids = torch.randint(3, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))

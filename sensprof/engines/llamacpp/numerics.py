@@ -82,6 +82,11 @@ def matmul_roundings(model, gguf_path: str) -> dict[str, object]:
         mapped = names.get_name(name + ".weight", try_suffixes=(".weight",))
         if mapped in types:
             out[name] = VEC_DOT.get(types[mapped], 32)
+    if not out:  # a model whose module names gguf cannot map would silently stay float32
+        from ...errors import SensprofError
+
+        raise SensprofError(f"none of {type(model).__name__}'s linear layers matches a tensor of {gguf_path}; "
+                            "validate with the model loaded from that GGUF file (--model FILE.gguf)")
     head = types.get("output.weight", types.get("token_embd.weight"))
     if head is not None:
         out["lm_head"] = VEC_DOT.get(head, 32)
