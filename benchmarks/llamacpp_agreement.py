@@ -20,7 +20,6 @@ from sensprof.data import load_windows
 from sensprof.engines.llamacpp.catalog import channel_order, key_scheme, value_scheme
 from sensprof.engines.run.python import find_engine_python
 from sensprof.models import describe_layers, fingerprint, load_model
-from sensprof import validate_engine
 from sensprof.validate_engine import (LLAMACPP_BASELINE, LLAMACPP_DRAWS, LLAMACPP_FLOOR, compare_with_engine,
                                       llamacpp_run)
 
@@ -52,8 +51,8 @@ def main() -> None:
 
     pairs = [p.split("/") for p in args.pairs.split(",")]
     runs = [LLAMACPP_BASELINE, LLAMACPP_FLOOR] + [llamacpp_run(plan(k, v), f"{k}/{v}") for k, v in pairs]
-    validate_engine.LLAMACPP_DRAWS = args.draws  # emulated_damage's default
-    rows = compare_with_engine("llamacpp", find_engine_python("llamacpp"), loaded, ids, runs, "llamacpp_agreement.log")
+    rows = compare_with_engine("llamacpp", find_engine_python("llamacpp"), loaded, ids, runs, "llamacpp_agreement.log",
+                               draws=args.draws)
     if args.out:
         import pandas as pd
 

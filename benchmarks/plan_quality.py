@@ -69,13 +69,12 @@ def main():
     for b in budgets:
         budget = Budget("avg_bits", b)
         priced = make_plan(args.profile, args.target, budget, vllm_gpu=meta.get("settings", {}).get("vllm_gpu"))
+        plans[(b, "priced")] = priced
         if args.target != "sensprof":
-            plans[(b, "priced")] = priced
             for name, layer_plans in reference_configs(priced).items():
                 if name.startswith(f"{args.target} ") and "heuristic" not in name:
                     uniforms[name] = [(q.k_scheme, q.v_scheme) for q in layer_plans]
             continue
-        plans[(b, "priced")] = priced
         if args.unpriced:
             from sensprof.plan import build_plan
             from sensprof.planner import plan as solve

@@ -328,7 +328,7 @@ def agreement(eng: TokenDamage, emu: TokenDamage, floor: TokenDamage | None = No
 
 
 def compare_with_engine(engine_name: str, engine: EnginePython, loaded, ids: torch.Tensor, runs: list[EngineRun],
-                        log_path: str) -> list[dict]:
+                        log_path: str, draws: int | None = None) -> list[dict]:
     """One row per quantized run (runs[0] is the engine's baseline): the engine's measurement beside the emulation's
     on the same tokens."""
     workdir = tempfile.mkdtemp(prefix="sensprof-engine-")
@@ -341,7 +341,7 @@ def compare_with_engine(engine_name: str, engine: EnginePython, loaded, ids: tor
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     eng = engine_damage(engine_name, loaded, ids, runs, raw)
-    emu = emulated_damage(loaded, ids, runs, gguf=gguf)
+    emu = emulated_damage(loaded, ids, runs, gguf=gguf, draws=draws)
     floor = next((eng[r.name] for r in runs[1:] if r.floor), None)
     rows = []
     for r in runs[1:]:

@@ -21,8 +21,7 @@ from sensprof.hooks import attention_taps
 from sensprof.models import describe_layers, fingerprint, load_model
 from sensprof.taps import StatsTap
 from sensprof.validate_engine import (LLAMACPP_BASELINE, LLAMACPP_DRAWS, LLAMACPP_FLOOR, VLLM_BASELINE,
-                                      compare_with_engine,
-                                      llamacpp_run, vllm_run)
+                                      compare_with_engine, llamacpp_run, vllm_run)
 
 pytestmark = [pytest.mark.slow, pytest.mark.engines]
 SKIP = (1, 10, 19)  # the default model's fragile layers (docs/measurements.md), kept unquantized
