@@ -15,7 +15,9 @@ measured on the selection's windows, as validate predicts it) in 0.8-1.25.
 
 With `--target vllm` (a profile made with `--target vllm`: every cached token read quantized, the `all` regime) the
 plans are vLLM's (one dtype, plus the layers to skip) and the uniform configurations are vLLM's dtypes alone, each
-with only the layers vLLM itself keeps (what `sensprof validate` shows beside a vLLM plan); no selection.
+with only the layers vLLM itself keeps (what `sensprof validate` shows beside a vLLM plan); `--select N` chooses
+among the plan, its other-objective plans and those dtypes alone by measured KL (`plan --target vllm
+--select-measured N`).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def main():
     budgets = [float(x) for x in args.avg_bits.split(",")]
     plans, uniforms = {}, {}
     if args.target != "sensprof":
-        args.select, args.unpriced = 0, False
+        args.unpriced = False
     for b in budgets:
         budget = Budget("avg_bits", b)
         priced = make_plan(args.profile, args.target, budget, vllm_gpu=meta.get("settings", {}).get("vllm_gpu"))
@@ -74,6 +76,9 @@ def main():
             for name, layer_plans in reference_configs(priced).items():
                 if name.startswith(f"{args.target} ") and "heuristic" not in name:
                     uniforms[name] = [(q.k_scheme, q.v_scheme) for q in layer_plans]
+            if args.select:
+                plans[(b, "selected")] = select_measured(priced, args.profile, budget, args.select, None, log=print,
+                                                         loaded=loaded)
             continue
         if args.unpriced:
             from sensprof.plan import build_plan

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .data import load_windows, select_windows  # noqa: F401  (part of the API: windows of the built-in text)
 from .errors import SensprofError
 from .models import DEFAULT_MODEL
+from .selection import SELECTABLE  # noqa: F401  (targets whose plan plan --select-measured can choose)
 
 
 def _model_options(model=None, device="auto", dtype=None, device_map=None, trust_remote_code=False) -> dict:
@@ -176,6 +177,9 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
                             "at least 2 tokens")
     if select_seq_len is not None and not select_measured:
         raise SensprofError("--select-seq-len needs --select-measured N")
+    if select_measured and num_skip is not None:
+        raise SensprofError(f"--num-skip {num_skip} fixes how many layers the plan keeps, but --select-measured may "
+                            "choose a dtype alone (none kept): drop one of them")
     if isinstance(out, str):
         check_writable(out, "--out", "file")  # before the solver and any --refine rounds
     result = make_plan(profile_dir, target, budget, objective, num_skip, vllm_gpu, llamacpp_build, robust)

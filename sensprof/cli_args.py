@@ -134,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "with the rest of the plan applied, re-solve; stops when measured KL stops improving "
                          "(loads the model and the profile's text)")
     pl.add_argument("--select-measured", type=int, default=0, metavar="N",
-                    help="target sensprof: choose the final plan among plans at this budget (objectives kl and dnll, "
-                         "--robust) and the strongest uniform configurations of no more memory by measured KL on N "
+                    help="targets sensprof and vllm: choose the final plan among plans at this budget (objectives kl "
+                         "and dnll, --robust) and the strongest uniform configurations of no more memory (vllm: each "
+                         "dtype alone) by measured KL on N "
                          "windows of the profile's text that neither the profile nor validate uses; if a uniform "
                          "configuration wins, the plan is that configuration and says so (loads the model)")
     pl.add_argument("--select-seq-len", type=int, default=None, metavar="T",

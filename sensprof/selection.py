@@ -1,9 +1,11 @@
 """`plan --select-measured N`: the final choice made by measurement, never by prediction alone.
 
 The planner's plan is one of several candidates: plans at the same budget from other objectives and robustness
-settings, and the strongest uniform configurations (every layer one K and one V scheme of the profile's menus)
-that cost no more memory under the same budget — those the priced profile predicts best, and the one that
-spends the most memory. Each is measured with every layer quantized at once, read as the target reads its cache,
+settings, and the strongest uniform configurations that cost no more memory under the same budget. For target
+`sensprof` those are every layer one K and one V scheme of the profile's menus (the ones the priced profile
+predicts best, and the one that spends the most memory); for `vllm`, whose plans are one dtype plus layers kept
+unquantized, each vLLM dtype alone (with only the boundary layers vLLM itself keeps). Targets that take one type
+for every layer (SGLang, llama.cpp) have nothing to choose between. Each is measured with every layer quantized at once, read as the target reads its cache,
 on N windows of the profile's text that the profile did not use, at a longer length than the profile's
 (default 4x it, within the serving length), drawn with their own seed; the plan records their slots, and
 `validate` leaves them out, so the windows a user judges the plan on are neither the profile's nor these. The
@@ -22,6 +24,7 @@ from .schemes import get_scheme
 
 SELECT_SEED_OFFSET = 2  # the profile's windows use its seed, validate's seed + 1, these seed + 2
 UNIFORM_CANDIDATES = 3  # uniform configurations the priced profile predicts best (plus the richest one)
+SELECTABLE = ("sensprof", "vllm")  # targets whose plans can differ from a uniform setting
 
 
 def selection_windows(tokenizer, plan: Plan, windows: int, seq_len: int):
@@ -61,6 +64,29 @@ def uniform_candidates(problem, budget, layers: list[dict], plan_pairs=None, top
     return {f"uniform {k} / {v}": (k, v) for _, _, k, v in chosen}
 
 
+def engine_uniform_plans(profile, problem, tgt, budget, objective: str, pricing, table) -> dict[str, Plan]:
+    """{name: Plan}: each dtype of a one-dtype-plus-skips target (vLLM) alone, with only the layers the engine
+    itself keeps, where it fits the budget."""
+    from .plan import build_plan, with_vllm_pool
+    from .planner import plan as solve
+
+    out = {}
+    for d in tgt.dtypes:
+        if d.k_scheme == "none" or d.k_scheme not in problem.options["K"] or d.v_scheme not in problem.options["V"]:
+            continue
+        alone = dataclasses.replace(tgt, dtypes=tuple(x for x in tgt.dtypes if x.k_scheme == "none" or x == d))
+        try:
+            solution = solve(problem, alone, budget, num_skip=0)
+        except SensprofError:  # does not fit the budget
+            continue
+        result = build_plan(profile, solution, tgt.name, objective, budget, pricing, table)
+        if budget.kind == "serving":
+            result = with_vllm_pool(result, budget)
+        schemes = d.k_scheme if d.k_scheme == d.v_scheme else f"{d.k_scheme} / {d.v_scheme}"
+        out[f"uniform vllm {d.flag_value} ({schemes})"] = result  # two fp8 dtypes differ by their scales
+    return out
+
+
 def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len: int | None = None,
                     device: str = "auto", log=print, dtype=None, device_map=None, trust_remote_code=False,
                     model: str | None = None, loaded=None) -> Plan:
@@ -72,10 +98,10 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     from .pricing import priced_at
     from .validate import layer_choices, measure, plan_reads, predicted_damage
 
-    if plan.target != "sensprof":
+    if plan.target not in SELECTABLE:
         raise SensprofError(f"--select-measured chooses among per-layer plans and uniform configurations; target "
-                            f"{plan.target} chooses one dtype for all layers: drop --select-measured or use "
-                            "--target sensprof")
+                            f"{plan.target} takes one type for every layer: drop --select-measured or use "
+                            "--target sensprof or vllm")
     if windows < 1:
         raise SensprofError(f"--select-measured {windows}: pass the number of windows to measure on, e.g. 2")
     profile = load_profile(profile_dir, require_complete=True)
@@ -96,17 +122,18 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     ids, slots = selection_windows(loaded.tokenizer, plan, windows, n)
 
     # the candidates: this plan, plans from other objectives / robustness at the same budget, uniform configurations
+    gpu = plan.engine.vllm_gpu if plan.target == "vllm" else None
     plans = {"plan": plan}
     for label, objective, robust in (("plan (robust 1)", "kl", 1.0), ("plan (objective dnll)", "dnll", 0.0)):
         if (objective, robust) == (plan.objective, plan.solver.robust):
             continue
         try:
-            alt = make_plan(profile_dir, "sensprof", budget, objective, robust=robust)
+            alt = make_plan(profile_dir, plan.target, budget, objective, vllm_gpu=gpu, robust=robust)
         except SensprofError:
             continue
         plans[label] = alt
-    tgt = get_target("sensprof")
-    table, _ = priced_table(profile, "sensprof", tgt, pricing.get("context_len") or budget.context_len)
+    tgt = get_target(plan.target, gpu, None, {layer["head_dim"] for layer in meta["layers"]})
+    table, pricing_used = priced_table(profile, plan.target, tgt, pricing.get("context_len") or budget.context_len)
     problem = problem_from_table(table, meta["layers"], "kl")
     configs, seen = {}, set()
     for name, p in plans.items():
@@ -114,12 +141,17 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
         if key not in seen:
             seen.add(key)
             configs[name] = p.layers
-    uniforms = uniform_candidates(problem, budget, meta["layers"])
-    for name, pair in uniforms.items():
-        key = (pair,) * len(plan.layers)
+    if plan.target == "sensprof":
+        uniforms = uniform_candidates(problem, budget, meta["layers"])
+        uniform_layers = {name: layer_choices(plan, pair) for name, pair in uniforms.items()}
+    else:  # each engine dtype alone is itself a plan (its engine settings included)
+        uniforms = engine_uniform_plans(profile, problem, tgt, budget, plan.objective, pricing_used, table)
+        uniform_layers = {name: list(p.layers) for name, p in uniforms.items()}
+    for name, layers in uniform_layers.items():
+        key = tuple((q.k_scheme, q.v_scheme) for q in layers)
         if key not in seen:
             seen.add(key)
-            configs[name] = layer_choices(plan, pair)
+            configs[name] = layers
     reads = plan_reads(plan)
     log(f"select: measuring {len(configs)} candidates on {ids.shape[0]} x {ids.shape[1]} unseen tokens, read {reads}")
     measured = measure(loaded.model, ids, configs, reads=reads)
@@ -139,7 +171,11 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     record = {"windows": int(ids.shape[0]), "seq_len": int(ids.shape[1]), "seed": meta["settings"]["seed"]
               + SELECT_SEED_OFFSET, "window_slots": list(slots), "reads": reads, "candidates": rows,
               "chosen": best["name"], "uniform_won": bool(best["uniform"])}
-    if best["uniform"]:
+    if best["uniform"] and plan.target != "sensprof":
+        chosen = uniforms[best["name"]]
+        log(f"select: {best['name']} alone measured lower KL than every plan ({best['measured_kl']:.3e} vs "
+            f"{min(r['measured_kl'] for r in rows if not r['uniform']):.3e}): the plan is that dtype")
+    elif best["uniform"]:
         k, v = uniforms[best["name"]]
         chosen = plan.replace(layers=tuple(dataclasses.replace(
             p, k_scheme=k, v_scheme=v, k_damage=problem.cell(p.layer, "K", k), v_damage=problem.cell(p.layer, "V", v))

@@ -128,3 +128,76 @@ def test_a_plan_chosen_by_prediction_alone_says_so(sel, tmp_path, capsys):
     assert "chosen by predicted damage alone: --select-measured 2 measures it" in out
     _, selected = _plan(capsys, sel.profile, tmp_path / "s.json")
     assert "chosen by predicted damage alone" not in selected
+
+
+@pytest.fixture(scope="module")
+def vsel(tiny_model_dir, tmp_path_factory, _one_thread):
+    root = tmp_path_factory.mktemp("select-vllm")
+    prof = root / "profile"
+    assert main(["profile", "--model", tiny_model_dir, "--target", "vllm", "--seq-len", "32", "--windows", "2",
+                 "--out", str(prof), "--device", "cpu", "--quiet"]) == 0
+    return types.SimpleNamespace(root=root, profile=str(prof), model=tiny_model_dir)
+
+
+def _vllm_plan(capsys, profile, out, bits="9"):
+    rc, stdout, err = run_cli(capsys, "plan", profile, "--target", "vllm", "--avg-bits", bits, "--select-measured",
+                              "2", "--device", "cpu", "--out", out)
+    assert rc == 0, err
+    return load_plan(str(out)), stdout
+
+
+def _vllm_dtype_alone(layers, forced) -> bool:
+    pairs = {(p.k_scheme, p.v_scheme) for p in layers if p.layer not in forced}
+    return len(pairs) == 1 and all((p.k_scheme, p.v_scheme) == ("none", "none") for p in layers if p.layer in forced)
+
+
+def test_vllm_plans_are_chosen_among_the_plan_and_each_dtype_alone(vsel, capsys):
+    """Target vllm: the candidates are the plan (one dtype plus kept layers), its other-objective plans, and each
+    vLLM dtype alone that fits; every one is measured read `all`, and the plan is the lowest."""
+    plan, out = _vllm_plan(capsys, vsel.profile, vsel.root / "p.json")
+    s = plan.solver.select
+    assert s["reads"] == "all" and s["seq_len"] == 128
+    uniform = [c for c in s["candidates"] if c["uniform"]]
+    assert uniform and all(c["name"].startswith("uniform vllm ") for c in uniform)
+    assert len({c["name"] for c in s["candidates"]}) == len(s["candidates"])  # both fp8 dtypes named apart
+    for c in s["candidates"]:
+        assert c["budget_used"] <= plan.predicted.budget_limit * (1 + 1e-9) and c["measured_kl"] > 0
+    best = min(s["candidates"], key=lambda c: c["measured_kl"])
+    assert s["chosen"] == best["name"] and s["uniform_won"] == best["uniform"]
+    assert plan.target == "vllm" and plan.predicted.joint_factor == s["joint_factor"]
+    if s["uniform_won"]:  # a dtype alone: vLLM keeps only its own boundary layers
+        assert list(plan.engine.skip_layers) == list(plan.engine.forced_skip_layers)
+        assert _vllm_dtype_alone(plan.layers, set(plan.engine.forced_skip_layers))
+    assert "chosen by measured KL on 2 x 128 unseen tokens" in out
+
+
+def test_a_vllm_dtype_alone_that_measures_best_is_the_plan(vsel, tmp_path, capsys):
+    """A profile that lies (int4_per_token_head free, everything else ruinous): every plan is int4 with layers kept,
+    and a dtype alone measures lower: the plan becomes it, engine settings and all."""
+    bad = tmp_path / "lying-profile"
+    shutil.copytree(vsel.profile, bad)
+    t = pd.read_csv(bad / "profile.csv")
+    lie = t.scheme == "int4_per_token_head"
+    t.loc[lie, ["kl", "kl_std", "dnll"]] = [1e-3, 0.0, 1e-3]
+    t.loc[~lie, ["kl", "kl_std", "dnll"]] = [1.0, 0.0, 1.0]
+    t.to_csv(bad / "profile.csv", index=False)
+    assert main(["plan", str(bad), "--target", "vllm", "--avg-bits", "9", "--out", str(tmp_path / "raw.json")]) == 0
+    raw = load_plan(str(tmp_path / "raw.json"))
+    assert raw.engine.kv_cache_dtype == "int4_per_token_head" and raw.engine.skip_layers
+    plan, out = _vllm_plan(capsys, str(bad), tmp_path / "p.json")
+    s = plan.solver.select
+    assert s["uniform_won"] and s["chosen"].startswith("uniform vllm ")
+    assert plan.engine.kv_cache_dtype in s["chosen"] and not plan.engine.skip_layers
+    assert _vllm_dtype_alone(plan.layers, set())
+    assert f"the uniform configuration {s['chosen'].removeprefix('uniform ')} measured lower KL" in out
+    flags = plan.engine.flags()
+    assert flags["kv_cache_dtype"] == plan.engine.kv_cache_dtype and "kv_cache_dtype_skip_layers" not in flags
+
+
+def test_select_measured_refuses_what_it_cannot_choose(vsel, capsys):
+    line = one_error_line(*run_cli(capsys, "plan", vsel.profile, "--target", "vllm", "--avg-bits", "9",
+                                   "--select-measured", "2", "--num-skip", "1"))
+    assert "--num-skip 1 fixes how many layers the plan keeps" in line and "drop one of them" in line
+    line = one_error_line(*run_cli(capsys, "plan", vsel.profile, "--target", "sglang", "--avg-bits", "9",
+                                   "--select-measured", "2", "--device", "cpu"))
+    assert "target sglang takes one type for every layer" in line and "--target sensprof or vllm" in line
