@@ -167,7 +167,10 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
                      "measured_kl": measured[name]["kl"], "budget_used": cost})
         log(f"  {name:<40} predicted {here:.3e}  measured {measured[name]['kl']:.3e}")
     best = min(rows, key=lambda r: r["measured_kl"])
-    joint = _joint_factors(loaded.model, ids, configs[best["name"]], best, profile, own, reads)
+    from .data import bos_prefix
+
+    joint, joint_windows = _joint_factors(loaded.model, ids, configs[best["name"]], best, profile, own, reads,
+                                          len(bos_prefix(loaded.tokenizer)))
     record = {"windows": int(ids.shape[0]), "seq_len": int(ids.shape[1]), "seed": meta["settings"]["seed"]
               + SELECT_SEED_OFFSET, "window_slots": list(slots), "reads": reads, "candidates": rows,
               "chosen": best["name"], "uniform_won": bool(best["uniform"])}
@@ -195,25 +198,43 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
         log(f"select: {best['name']} measured the lowest KL ({best['measured_kl']:.3e})")
     if joint:
         record["joint_factor"] = joint
+        record["joint_factor_windows"] = joint_windows
         chosen = chosen.replace(predicted=dataclasses.replace(chosen.predicted, joint_factor=joint))
         log(f"select: all layers at once measured {chosen.predicted.joint_summary()} the per-layer sum; validate's "
             "prediction carries it")
     return chosen.replace(solver=dataclasses.replace(chosen.solver, select=record))
 
 
-def _joint_factors(model, ids, layers, best: dict, profile, own: int, reads: str) -> dict:
-    """{tokens: measured / per-layer sum} for the chosen candidate: at the selection's length (already measured) and
-    at the profile's, on the first tokens of the same windows (text validate never reads). Empty where the profile
-    lacks a cell."""
+def short_chunks(ids, own: int, prefix: int):
+    """Every whole window of the profile's length (`own` tokens, the tokenizer's `prefix` tokens first) cut from the
+    selection's longer windows: 4x the text of their first tokens alone for the factor at the profile's length."""
+    import torch
+
+    body = own - prefix
+    per = (ids.shape[1] - prefix) // body if body > 0 else 0
+    chunks = [torch.cat([ids[:, :prefix], ids[:, prefix + j * body:prefix + (j + 1) * body]], dim=1)
+              for j in range(per)]
+    return torch.cat(chunks, dim=0) if chunks else ids[:, :own]
+
+
+def _joint_factors(model, ids, layers, best: dict, profile, own: int, reads: str, prefix: int):
+    """({tokens: measured / per-layer sum}, {tokens: windows}) for the chosen candidate: at the selection's length
+    (already measured) and at the profile's, on every profile-length chunk of the same windows (text validate never
+    reads; one 2-window measurement at that length erred by up to 1.6x on Gemma). Empty where the profile lacks a
+    cell."""
     from .pricing import priced_at
     from .validate import measure, predicted_damage
 
-    out = {}
+    out, windows = {}, {}
     if best["predicted_kl_here"] > 0:
-        out[str(ids.shape[1])] = round(best["measured_kl"] / best["predicted_kl_here"], 4)
+        out[str(ids.shape[1])], windows[str(ids.shape[1])] = round(best["measured_kl"] / best["predicted_kl_here"], 4), \
+            int(ids.shape[0])
     if ids.shape[1] > own:
         pred = predicted_damage(priced_at(profile.table, profile.meta.get("reads", "streaming"), own, own), layers)
-        kl = measure(model, ids[:, :own], {"chosen": layers}, reads=reads)["chosen"]["kl"]
+        chunks = short_chunks(ids, own, prefix)
+        kl = measure(model, chunks, {"chosen": layers}, reads=reads)["chosen"]["kl"]
         if pred > 0:
-            out[str(own)] = round(kl / pred, 4)
-    return {n: f for n, f in sorted(out.items(), key=lambda x: int(x[0])) if f == f}  # NaN: a cell it lacks
+            out[str(own)], windows[str(own)] = round(kl / pred, 4), int(chunks.shape[0])
+    keep = {n for n, f in out.items() if f == f}  # NaN: a cell it lacks
+    order = sorted(keep, key=int)
+    return {n: out[n] for n in order}, {n: windows[n] for n in order}

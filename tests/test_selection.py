@@ -16,7 +16,8 @@ from sensprof.artifacts import load_plan
 from sensprof.cli import main
 from sensprof.models import load_model
 from sensprof.pricing import priced_at
-from sensprof.selection import selection_windows
+from sensprof.data import bos_prefix
+from sensprof.selection import selection_windows, short_chunks
 from sensprof.table import load_profile
 from sensprof.validate import layer_choices, measure, predicted_damage, validation_table, validation_windows
 
@@ -76,14 +77,29 @@ def test_the_plan_is_the_candidate_measured_best(sel, capsys):
     tok = loaded.tokenizer
     chosen_on, slots = selection_windows(tok, plan, 2, 128)
     assert slots == s["window_slots"]
-    # the factor at the profile's length: the plan measured on those windows' first 32 tokens over its sum there
-    short = measure(loaded.model, chosen_on[:, :32], {"plan": plan.layers})["plan"]["kl"]
+    # the factor at the profile's length: the plan measured on every 32-token chunk of those windows (each with the
+    # tokenizer's prefix) over its sum there
+    prefix = len(bos_prefix(tok))
+    chunks = short_chunks(chosen_on, 32, prefix)
+    assert chunks.shape == (2 * ((128 - prefix) // (32 - prefix)), 32)
+    assert s["joint_factor_windows"] == {"32": chunks.shape[0], "128": 2}
+    short = measure(loaded.model, chunks, {"plan": plan.layers})["plan"]["kl"]
     assert s["joint_factor"]["32"] == pytest.approx(short / predicted_damage(profile.table, plan.layers), abs=1e-4)
     chosen_text = [",".join(map(str, r.tolist()[1:])) for r in chosen_on]
     for n in (32, 128):  # no window validate judges on shares text with the selection's (the BOS aside)
         for r in validation_windows(plan, tok, 2, n):
             body = ",".join(map(str, r.tolist()[1:9]))  # its first 8 tokens after the BOS
             assert not any(body in c for c in chosen_text), n
+
+
+def test_short_chunks_cut_every_whole_profile_window_from_the_longer_ones():
+    ids = torch.arange(2 * 11).reshape(2, 11)
+    ids[:, 0] = -1  # a one-token prefix (a BOS)
+    chunks = short_chunks(ids, 4, 1)
+    assert chunks.tolist() == [[-1, 1, 2, 3], [-1, 12, 13, 14], [-1, 4, 5, 6], [-1, 15, 16, 17],
+                               [-1, 7, 8, 9], [-1, 18, 19, 20]]
+    assert short_chunks(ids, 4, 0).shape == (4, 4)  # no prefix: 11 // 4 whole windows per row
+    assert short_chunks(ids[:, :3], 4, 1).tolist() == ids[:, :3].tolist()  # shorter than one: the window as is
 
 
 def test_a_uniform_configuration_that_measures_best_is_the_plan(sel, tmp_path, capsys):
