@@ -122,7 +122,7 @@ def main():
         measured = measure(loaded.model, ids, configs, lambda name: print(f"  {name}", file=sys.stderr, flush=True),
                            reads=reads)
         measured = {name: measured[alias[name]] for name in alias}
-        at = priced_at(profile.table, meta.get("reads", "streaming"), own, n)
+        at = priced_at(profile.table, meta.get("reads", "streaming"), own, n, meta["layers"])
         uni = pd.DataFrame([{"config": name, "avg_bits": bits(per_layer(pair)), "kl": measured[name]["kl"]}
                             for name, pair in uniforms.items()])
         for (b, kind), p in plans.items():

@@ -19,11 +19,18 @@ What this keeps constant is the damage per moved position: that it does not grow
 quantized is the extrapolation's assumption, and a profile at several lengths (`--seq-len 256,1024`) measures
 its error (`extrapolation_error`). A scheme whose window does not hold one whole group past its sinks and residual
 window is not priced (`needed_len`): the profile is too short for it, and the planner says which --seq-len is.
+
+Sliding-window layers: once a served cache is longer than a layer's window W, that layer no longer sees the first
+tokens, so a scheme's sink tokens (`_s<S>`) protect nothing there. A profile of at most W tokens always saw them
+(on Gemma 3 270M, `int3_c32_r32_s4` keys of a sliding layer measured 0.95x their profile at 256 tokens and 82x at
+1024), so on such a layer a sink scheme is priced as the same scheme without sinks and residual window, measured on
+that layer (`sinkless`; an upper bound: the residual window still helps), or not offered when that was not profiled.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from .errors import SensprofError
@@ -112,11 +119,13 @@ class Pricing:
     context_len: int  # the serving length the damage is priced at
     scales: dict  # scheme -> priced / measured, for the schemes whose scale is not 1
     extrapolation_error: dict | None = None  # scheme -> measured / extrapolated at a longer profiled length
+    sinkless: dict | None = None  # sliding layers whose sink schemes are priced without sinks (sinkless_pricing)
 
     def to_json(self) -> dict:
         return {"reads": self.reads, "profile_reads": self.profile_reads, "profile_len": self.profile_len,
                 "context_len": self.context_len, "scales": dict(self.scales),
-                "extrapolation_error": self.extrapolation_error}
+                "extrapolation_error": self.extrapolation_error,
+                **({"sinkless": self.sinkless} if self.sinkless else {})}
 
 
 def serving_context(meta: dict, context_len: int | None) -> int:
@@ -171,9 +180,46 @@ def price(table, meta: dict, target: str, context_len: int | None, lengths_table
     for col in PRICED_COLUMNS:
         if col in out:
             out[col] = out[col] * factor
+    out, sinkless = sinkless_pricing(out, meta.get("layers") or [], profile_len, n)
     error = extrapolation_error(table, lengths_tables or {}, have, profile_len)
     return out, Pricing(reads, have, profile_len, n,
-                        {s: round(f, 6) for s, f in scales.items() if s in schemes and abs(f - 1) > 1e-9}, error)
+                        {s: round(f, 6) for s, f in scales.items() if s in schemes and abs(f - 1) > 1e-9}, error,
+                        sinkless)
+
+
+def without_sinks(scheme_name: str) -> str:
+    """The scheme less its residual window and sinks (int3_c32_r32_s4 -> int3_c32)."""
+    return re.sub(r"_[rs]\d+", "", scheme_name)
+
+
+def slid_layers(layers: list[dict], profile_len: int, n: int) -> list[int]:
+    """Sliding-window layers whose window the profile never passed but a cache of n tokens does."""
+    return [int(info["index"]) for info in layers
+            if info.get("kind") == "sliding" and info.get("window") and profile_len <= int(info["window"]) < n]
+
+
+def sinkless_pricing(table, layers: list[dict], profile_len: int, n: int):
+    """(the table with each sink scheme on a slid layer priced as its sinkless scheme there, or dropped where that
+    was not profiled; {"layers": [...], "schemes": {scheme: priced as, or None}} or None): module docstring."""
+    slid = slid_layers(layers, profile_len, n)
+    sinks = [s for s in dict.fromkeys(table.scheme) if s != "none" and get_scheme(s).sink]
+    if not slid or not sinks:
+        return table, None
+    out = table.copy()
+    keyed = out.set_index(["layer", "tensor", "scheme"])
+    cols = [c for c in PRICED_COLUMNS if c in out]
+    priced_as = {}
+    for s in sinks:
+        base = without_sinks(s)
+        rows = out.index[(out.scheme == s) & out.layer.isin(slid)]
+        have = all((out.at[i, "layer"], out.at[i, "tensor"], base) in keyed.index for i in rows)
+        priced_as[s] = base if have else None
+        if not have:  # cannot be priced on those layers: not offered on any (the planner needs every layer's cell)
+            out = out[out.scheme != s]
+            continue
+        for i in rows:
+            out.loc[i, cols] = keyed.loc[(out.at[i, "layer"], out.at[i, "tensor"], base), cols].to_numpy(dtype=float)
+    return out, {"layers": slid, "schemes": priced_as}
 
 
 def extrapolation_error(table, shorter: dict, reads: str, profile_len: int) -> dict | None:
@@ -196,8 +242,9 @@ def extrapolation_error(table, shorter: dict, reads: str, profile_len: int) -> d
     return {"from_len": length, "to_len": profile_len, "measured_over_extrapolated": out}
 
 
-def priced_at(table, reads: str, profile_len: int, n: int):
-    """The table's end-to-end damage as a cache read `reads` would take it at n tokens (validate's prediction)."""
+def priced_at(table, reads: str, profile_len: int, n: int, layers: list[dict] | None = None):
+    """The table's end-to-end damage as a cache read `reads` would take it at n tokens (validate's prediction);
+    with the profile's `layers`, sink schemes on slid sliding-window layers as `price` takes them."""
     scales = {s: (scale(s, reads, profile_len, n) if needed_len(s, reads) <= profile_len else math.nan)
               for s in dict.fromkeys(table.scheme)}
     out = table.copy()
@@ -205,4 +252,4 @@ def priced_at(table, reads: str, profile_len: int, n: int):
     for col in PRICED_COLUMNS:
         if col in out:
             out[col] = out[col] * factor
-    return out
+    return sinkless_pricing(out, layers, profile_len, n)[0] if layers else out

@@ -155,7 +155,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     reads = plan_reads(plan)
     log(f"select: measuring {len(configs)} candidates on {ids.shape[0]} x {ids.shape[1]} unseen tokens, read {reads}")
     measured = measure(loaded.model, ids, configs, reads=reads)
-    at_len = priced_at(profile.table, meta.get("reads", "streaming"), own, int(ids.shape[1]))
+    at_len = priced_at(profile.table, meta.get("reads", "streaming"), own, int(ids.shape[1]), meta["layers"])
     rows = []
     for name, layers in configs.items():
         pred = sum(problem.cell(p.layer, "K", p.k_scheme) if p.k_scheme != "none" else 0.0 for p in layers) + \

@@ -150,7 +150,7 @@ def validation_table(plan: Plan, measured: dict, configs: dict[str, list[LayerPl
         from .pricing import priced_at
 
         profile_table = priced_at(profile_table, profile_meta.get("reads", "streaming"),
-                                  int(profile_meta["settings"]["seq_len"]), int(seq_len))
+                                  int(profile_meta["settings"]["seq_len"]), int(seq_len), profile_meta.get("layers"))
 
     plan_bits = predicted_summary(plan.layers)["avg_bits"]
     joint = plan.predicted.joint_factor_at(int(seq_len)) if seq_len else None

@@ -14,7 +14,8 @@ from conftest import VOCAB, make_tiny_model, one_error_line, run_cli
 from sensprof.budget import Budget
 from sensprof.errors import SensprofError
 from sensprof.plan import make_plan
-from sensprof.pricing import DEFAULT_CONTEXT_LEN, moved_share, needed_len, price, scale, serving_context
+from sensprof.pricing import (DEFAULT_CONTEXT_LEN, moved_share, needed_len, price, priced_at, scale, serving_context,
+                              slid_layers, without_sinks)
 from sensprof.profile import run_profile
 from sensprof.schemes import get_scheme, parse_schemes
 from sensprof.taps import first_quantized_row, quantized_reads
@@ -107,6 +108,45 @@ def test_a_large_group_is_not_cheap_because_the_window_is_short():
     assert set(pricing.scales) == {"int4_c32", "int4_c128"}
     assert pricing.to_json()["scales"]["int4_c128"] == pytest.approx(scale("int4_c128", "streaming", 256, 4096),
                                                                      rel=1e-5)
+
+
+def _two_layers(rows):
+    """Layer 0 a 512-token sliding window, layer 1 full attention; rows (tensor, scheme, kl) on both."""
+    return pd.DataFrame([{"layer": i, "tensor": t, "scheme": s, "kl": kl * (i + 1), "kl_std": kl, "dnll": kl}
+                         for i in (0, 1) for t, s, kl in rows])
+
+
+GEMMA_LIKE = [{"index": 0, "kind": "sliding", "window": 512}, {"index": 1, "kind": "full", "window": None}]
+
+
+def test_sink_schemes_on_a_slid_sliding_layer_cost_what_they_cost_without_sinks():
+    """A cache past a sliding layer's window no longer sees the sink tokens, which a profile within the window always
+    saw: there a sink scheme is priced as its sinkless scheme on that layer; full layers and short caches keep it."""
+    assert without_sinks("int3_c32_r32_s4") == "int3_c32" and without_sinks("int4_c32_pre_r128_s4") == "int4_c32_pre"
+    assert slid_layers(GEMMA_LIKE, 256, 4096) == [0]
+    assert slid_layers(GEMMA_LIKE, 256, 512) == [] and slid_layers(GEMMA_LIKE, 1024, 4096) == []
+    table = _two_layers([("K", "int2_c32", 1e-2), ("K", "int2_c32_r32_s4", 1e-5), ("V", "int4_t32", 1e-3)])
+    meta = {**_meta(), "layers": GEMMA_LIKE}
+    priced, pricing = price(table, meta, "sensprof", None)
+    cell = priced.set_index(["layer", "tensor", "scheme"])
+    c32 = scale("int2_c32", "streaming", 256, 4096)
+    for col, base in (("kl", 1e-2), ("kl_std", 1e-2), ("dnll", 1e-2)):
+        assert cell.loc[(0, "K", "int2_c32_r32_s4"), col] == pytest.approx(base * c32)  # as int2_c32 there
+    r32 = scale("int2_c32_r32_s4", "streaming", 256, 4096)
+    assert cell.loc[(1, "K", "int2_c32_r32_s4"), "kl"] == pytest.approx(2e-5 * r32)  # full attention: its own
+    assert pricing.to_json()["sinkless"] == {"layers": [0], "schemes": {"int2_c32_r32_s4": "int2_c32"}}
+    # served within the window: nothing slides, nothing changes (and the plan records no sinkless entry)
+    same, within = price(table, meta, "sensprof", 512)
+    assert "sinkless" not in within.to_json()
+    assert same.set_index(["layer", "tensor", "scheme"]).loc[(0, "K", "int2_c32_r32_s4"), "kl"] == pytest.approx(
+        1e-5 * scale("int2_c32_r32_s4", "streaming", 256, 512))
+    # validate predicts the same way
+    at = priced_at(table, "streaming", 256, 4096, GEMMA_LIKE).set_index(["layer", "tensor", "scheme"])
+    assert at.loc[(0, "K", "int2_c32_r32_s4"), "kl"] == pytest.approx(1e-2 * c32)
+    # its sinkless scheme not profiled: the sink scheme cannot be priced on the slid layer, so it is not offered
+    bare, why = price(_two_layers([("K", "int2_c32_r32_s4", 1e-5), ("K", "int4_c32", 1e-3), ("V", "int4_t32", 1e-3)]),
+                      meta, "sensprof", None)
+    assert "int2_c32_r32_s4" not in set(bare.scheme) and why.sinkless["schemes"] == {"int2_c32_r32_s4": None}
 
 
 def test_the_serving_length_is_checked():
