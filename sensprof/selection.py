@@ -5,8 +5,8 @@ settings, and the strongest uniform configurations that cost no more memory unde
 `sensprof` those are every layer one K and one V scheme of the profile's menus (the ones the priced profile
 predicts best, and the one that spends the most memory); for `vllm`, whose plans are one dtype plus layers kept
 unquantized, each vLLM dtype alone (with only the boundary layers vLLM itself keeps). Targets that take one type
-for every layer (SGLang, llama.cpp) have nothing to choose between. Each is measured with every layer quantized at once, read as the target reads its cache,
-on N windows of the profile's text that the profile did not use, at a longer length than the profile's
+for every layer (SGLang, llama.cpp) have nothing to choose between. Each is measured with every layer quantized at
+once, read as the target reads its cache, on N windows of the profile's text that the profile did not use, at a longer length than the profile's
 (default 4x it, within the serving length), drawn with their own seed; the plan records their slots, and
 `validate` leaves them out, so the windows a user judges the plan on are neither the profile's nor these. The
 candidate with the lowest measured KL is the plan; if it is a uniform configuration, the plan says so
@@ -90,6 +90,7 @@ def engine_uniform_plans(profile, problem, tgt, budget, objective: str, pricing,
 def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len: int | None = None,
                     device: str = "auto", log=print, dtype=None, device_map=None, trust_remote_code=False,
                     model: str | None = None, loaded=None) -> Plan:
+    from .data import bos_prefix
     from .models import load_model
     from .plan import make_plan, priced_table
     from .planner import problem_from_table
@@ -135,19 +136,14 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     tgt = get_target(plan.target, gpu, None, {layer["head_dim"] for layer in meta["layers"]})
     table, pricing_used = priced_table(profile, plan.target, tgt, pricing.get("context_len") or budget.context_len)
     problem = problem_from_table(table, meta["layers"], "kl")
-    configs, seen = {}, set()
-    for name, p in plans.items():
-        key = tuple((q.k_scheme, q.v_scheme) for q in p.layers)
-        if key not in seen:
-            seen.add(key)
-            configs[name] = p.layers
     if plan.target == "sensprof":
         uniforms = uniform_candidates(problem, budget, meta["layers"])
         uniform_layers = {name: layer_choices(plan, pair) for name, pair in uniforms.items()}
     else:  # each engine dtype alone is itself a plan (its engine settings included)
         uniforms = engine_uniform_plans(profile, problem, tgt, budget, plan.objective, pricing_used, table)
         uniform_layers = {name: list(p.layers) for name, p in uniforms.items()}
-    for name, layers in uniform_layers.items():
+    configs, seen = {}, set()
+    for name, layers in [*((name, p.layers) for name, p in plans.items()), *uniform_layers.items()]:
         key = tuple((q.k_scheme, q.v_scheme) for q in layers)
         if key not in seen:
             seen.add(key)
@@ -167,8 +163,6 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
                      "measured_kl": measured[name]["kl"], "budget_used": cost})
         log(f"  {name:<40} predicted {here:.3e}  measured {measured[name]['kl']:.3e}")
     best = min(rows, key=lambda r: r["measured_kl"])
-    from .data import bos_prefix
-
     joint, joint_windows = _joint_factors(loaded.model, ids, configs[best["name"]], best, profile, own, reads,
                                           len(bos_prefix(loaded.tokenizer)))
     record = {"windows": int(ids.shape[0]), "seq_len": int(ids.shape[1]), "seed": meta["settings"]["seed"]
