@@ -50,11 +50,16 @@ code("""sensprof(["profile", "--model", "smollm2-135m", "--seq-len", "64", "--wi
 sensprof(["summary", f"{OUT}/profile"])"""),
 md("""## 2. Plan
 The same budget, 4 bits per cached element on average (scales included), for two targets: sensprof's own
-runtime (any scheme per layer, K and V separately) and vLLM (one dtype plus a list of layers kept in bf16)."""),
+runtime (any scheme per layer, K and V separately) and vLLM (one dtype plus a list of layers kept in bf16).
+The final choice is made by measurement: the plan, two plans from other objectives and the strongest uniform
+configurations of no more memory (for vLLM, each dtype alone) are measured on 2 windows of the profile's text that
+neither the profile nor `validate` uses, and the lowest measured KL is the plan (`--select-measured 0` skips this
+and keeps the plan the profile's prediction chose)."""),
 code("""sensprof(["plan", f"{OUT}/profile", "--target", "sensprof", "--avg-bits", "4", "--out", f"{OUT}/plan-sensprof.json"])"""),
 code("""sensprof(["plan", f"{OUT}/profile", "--target", "vllm", "--avg-bits", "6", "--out", f"{OUT}/plan-vllm.json"])"""),
 md("""## 3. Export
-The vLLM plan as a ready command line (the planner chose which layers to skip)."""),
+The vLLM plan as a ready command line (the dtype and the layers to skip, or the dtype alone where that measured
+best)."""),
 code("""sensprof(["export", f"{OUT}/plan-vllm.json", "--format", "vllm"])"""),
 md("""## 4. Validate
 Every layer quantized at once, on windows the profile did not use: measured KL beside the sum of per-layer

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .data import load_windows, select_windows  # noqa: F401  (part of the API: windows of the built-in text)
 from .errors import SensprofError
 from .models import DEFAULT_MODEL
-from .selection import SELECTABLE  # noqa: F401  (targets whose plan plan --select-measured can choose)
+from .selection import SELECTABLE, default_select_windows  # noqa: F401  (SELECTABLE: targets plan can choose for)
 
 
 def _model_options(model=None, device="auto", dtype=None, device_map=None, trust_remote_code=False) -> dict:
@@ -161,10 +161,12 @@ def default_profile_dir(model: str) -> str:
 def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, max_model_len=None,
          max_num_seqs=None, context_len=None, target="sensprof", objective="kl", robust=0.0, refine=0,
          num_skip=None, vllm_gpu=None, llamacpp_build=None, model=None, device="auto", dtype=None, device_map=None,
-         trust_remote_code=False, out=None, log=print, select_measured=0, select_seq_len=None):
-    """Solve for each layer's K and V scheme under one budget (with `select_measured` N, the final choice among
-    plans and uniform configurations by measured KL on N unseen windows: sensprof.selection); with `out` (a path, or True for the default
-    plans/<model>-<target>-<budget>.json) the plan is written there. Returns (Plan, path or None)."""
+         trust_remote_code=False, out=None, log=print, select_measured=None, select_seq_len=None):
+    """Solve for each layer's K and V scheme under one budget, then make the final choice among plans and uniform
+    configurations by measured KL on `select_measured` unseen windows (sensprof.selection; default
+    DEFAULT_SELECT_WINDOWS for the targets that have a choice and no --num-skip, 0: by predicted damage alone); with
+    `out` (a path, or True for the default plans/<model>-<target>-<budget>.json) the plan is written there. Returns
+    (Plan, path or None)."""
     from .budget import budget_from_args
     from .files import check_writable
     from .plan import make_plan
@@ -172,12 +174,15 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
     budget = budget_from_args(avg_bits, fraction, gpu_mem_gib, max_model_len, max_num_seqs, context_len)
     if refine < 0:
         raise SensprofError(f"--refine {refine} is negative; pass the number of rounds, e.g. 3")
+    defaulted = select_measured is None
+    if defaulted:
+        select_measured = default_select_windows(target, num_skip)
     if select_measured < 0 or (select_seq_len is not None and select_seq_len < 2):
         raise SensprofError("--select-measured N takes a number of windows (e.g. 2) and --select-seq-len a length of "
                             "at least 2 tokens")
     if select_seq_len is not None and not select_measured:
         raise SensprofError("--select-seq-len needs --select-measured N")
-    if select_measured and num_skip is not None:
+    if select_measured and num_skip is not None:  # only when asked for: the default is 0 with --num-skip
         raise SensprofError(f"--num-skip {num_skip} fixes how many layers the plan keeps, but --select-measured may "
                             "choose a dtype alone (none kept): drop one of them")
     if isinstance(out, str):
@@ -191,8 +196,14 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
     if select_measured:
         from .selection import select_measured as select
 
-        result = select(result, profile_dir, budget, select_measured, select_seq_len, device, log, dtype, device_map,
-                        trust_remote_code, model)
+        try:
+            result = select(result, profile_dir, budget, select_measured, select_seq_len, device, log, dtype,
+                            device_map, trust_remote_code, model)
+        except SensprofError as e:
+            if not defaulted or "--select-measured 0" in str(e):
+                raise
+            raise SensprofError(f"{e} (or pass --select-measured 0 to plan by predicted damage alone, without the "
+                                "model)") from None
     path = None
     if out:
         path = out if isinstance(out, str) else result.default_path()

@@ -68,9 +68,9 @@ def cmd_plan(args) -> int:
                           vllm_gpu=args.vllm_gpu, llamacpp_build=args.llamacpp_build, **_model(args),
                           out=args.out or True)
     print(plan.describe())
-    if plan.target in api.SELECTABLE and not args.select_measured:
-        print("chosen by predicted damage alone: --select-measured 2 measures it beside the strongest uniform "
-              "configurations of no more memory on unseen text and keeps the lowest")
+    if plan.target in api.SELECTABLE and not plan.solver.select:
+        print("chosen by predicted damage alone: --select-measured 2 (without --num-skip) measures it beside the "
+              "strongest uniform configurations of no more memory on unseen text and keeps the lowest")
     print(f"wrote {path}")
     return 0
 

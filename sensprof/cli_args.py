@@ -133,12 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="up to N rounds: measure the whole plan, re-measure the cells near the decision boundary "
                          "with the rest of the plan applied, re-solve; stops when measured KL stops improving "
                          "(loads the model and the profile's text)")
-    pl.add_argument("--select-measured", type=int, default=0, metavar="N",
-                    help="targets sensprof and vllm: choose the final plan among plans at this budget (objectives kl "
-                         "and dnll, --robust) and the strongest uniform configurations of no more memory (vllm: each "
-                         "dtype alone) by measured KL on N "
-                         "windows of the profile's text that neither the profile nor validate uses; if a uniform "
-                         "configuration wins, the plan is that configuration and says so (loads the model)")
+    pl.add_argument("--select-measured", type=int, default=None, metavar="N",
+                    help="targets sensprof and vllm: the final plan is chosen among plans at this budget (objectives "
+                         "kl and dnll, --robust) and the strongest uniform configurations of no more memory (vllm: "
+                         "each dtype alone) by measured KL on N windows of the profile's text that neither the "
+                         "profile nor validate uses; if a uniform configuration wins, the plan is that configuration "
+                         "and says so (loads the model; default 2, 0 with --num-skip; 0: by predicted damage alone)")
     pl.add_argument("--select-seq-len", type=int, default=None, metavar="T",
                     help="with --select-measured: tokens per window (default 4x the profile's, within --context-len)")
     _add_model_args(pl, of="profile", device_help="--refine, --select-measured: cpu, cuda or auto")

@@ -25,6 +25,13 @@ from .schemes import get_scheme
 SELECT_SEED_OFFSET = 2  # the profile's windows use its seed, validate's seed + 1, these seed + 2
 UNIFORM_CANDIDATES = 3  # uniform configurations the priced profile predicts best (plus the richest one)
 SELECTABLE = ("sensprof", "vllm")  # targets whose plans can differ from a uniform setting
+DEFAULT_SELECT_WINDOWS = 2  # plan's default: a plan is never kept on its prediction alone
+
+
+def default_select_windows(target: str, num_skip) -> int:
+    """Windows `plan` measures its candidates on when the user does not say: none where there is nothing to choose
+    (one type for every layer) or the user fixed the number of kept layers (--num-skip)."""
+    return DEFAULT_SELECT_WINDOWS if target in SELECTABLE and num_skip is None else 0
 
 
 def selection_windows(tokenizer, plan: Plan, windows: int, seq_len: int):
@@ -110,7 +117,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     missing = [f for f in meta.get("text_files") or [] if not os.path.exists(f)]
     if missing:
         raise SensprofError(f"--select-measured reads the profile's text, but {missing[0]!r} is gone; restore it or "
-                            "drop --select-measured")
+                            "pass --select-measured 0 to plan by predicted damage alone")
     pricing = plan.predicted.pricing or {}
     own = int(meta["settings"]["seq_len"])
     context = int(pricing.get("context_len") or 4 * own)

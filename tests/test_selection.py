@@ -124,26 +124,53 @@ def test_a_uniform_configuration_that_measures_best_is_the_plan(sel, tmp_path, c
 
 def load_plan_candidates(profile, tmp_path):
     """The planner's own plan from that profile (no selection): its layers."""
-    assert main(["plan", profile, "--avg-bits", "5", "--out", str(tmp_path / "raw.json")]) == 0
+    assert main(["plan", profile, "--avg-bits", "5", "--select-measured", "0", "--out", str(tmp_path / "raw.json")]) == 0
     return load_plan(str(tmp_path / "raw.json")).layers
 
 
-def test_select_measured_bad_input(sel, capsys):
-    line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "-1"))
+def test_select_measured_bad_input(sel, tmp_path, capsys):
+    out = ("--out", tmp_path / "p.json")
+    line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "-1", *out))
     assert "--select-measured N takes a number of windows" in line
-    line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-seq-len", "64"))
+    line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "0",
+                                   "--select-seq-len", "64", *out))
     assert "--select-seq-len needs --select-measured N" in line
+    assert not (tmp_path / "p.json").exists()
     line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "1",
                                    "--select-seq-len", "100000", "--device", "cpu"))
     assert "beyond the model's 512 positions" in line
 
 
-def test_a_plan_chosen_by_prediction_alone_says_so(sel, tmp_path, capsys):
-    rc, out, err = run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--out", tmp_path / "p.json")
+def test_plan_chooses_by_measurement_by_default_and_says_when_it_did_not(sel, tmp_path, capsys):
+    """No flag: the plan is chosen among the candidates on 2 unseen windows; --select-measured 0 keeps the
+    planner's plan and says it was chosen by prediction alone."""
+    rc, out, err = run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--device", "cpu", "--out",
+                           tmp_path / "d.json")
     assert rc == 0, err
-    assert "chosen by predicted damage alone: --select-measured 2 measures it" in out
-    _, selected = _plan(capsys, sel.profile, tmp_path / "s.json")
-    assert "chosen by predicted damage alone" not in selected
+    s = load_plan(str(tmp_path / "d.json")).solver.select
+    assert s["windows"] == 2 and len(s["candidates"]) >= 2 and "chosen by measured KL on 2 x" in out
+    assert "chosen by predicted damage alone" not in out
+    rc, out, err = run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "0", "--out",
+                           tmp_path / "p.json")
+    assert rc == 0, err
+    assert "chosen by predicted damage alone: --select-measured 2" in out
+    assert load_plan(str(tmp_path / "p.json")).solver.select is None
+
+
+def test_a_default_selection_that_cannot_run_names_the_way_out(sel, tmp_path, capsys):
+    """The profile's text is gone: the default selection fails in one line that offers --select-measured 0,
+    writes nothing, and --select-measured 0 plans without it."""
+    moved = tmp_path / "profile"
+    shutil.copytree(sel.profile, moved)
+    meta = json.load(open(moved / "meta.json"))
+    meta["text_files"] = [str(tmp_path / "gone.txt")]
+    (moved / "meta.json").write_text(json.dumps(meta))
+    line = one_error_line(*run_cli(capsys, "plan", str(moved), "--avg-bits", "5", "--out", tmp_path / "p.json"))
+    assert "gone.txt" in line and "--select-measured 0" in line
+    assert not (tmp_path / "p.json").exists()
+    rc, _, err = run_cli(capsys, "plan", str(moved), "--avg-bits", "5", "--select-measured", "0", "--out",
+                         tmp_path / "p.json")
+    assert rc == 0, err
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +224,8 @@ def test_a_vllm_dtype_alone_that_measures_best_is_the_plan(vsel, tmp_path, capsy
     t.loc[lie, ["kl", "kl_std", "dnll"]] = [1e-3, 0.0, 1e-3]
     t.loc[~lie, ["kl", "kl_std", "dnll"]] = [1.0, 0.0, 1.0]
     t.to_csv(bad / "profile.csv", index=False)
-    assert main(["plan", str(bad), "--target", "vllm", "--avg-bits", "9", "--out", str(tmp_path / "raw.json")]) == 0
+    assert main(["plan", str(bad), "--target", "vllm", "--avg-bits", "9", "--select-measured", "0", "--out",
+                 str(tmp_path / "raw.json")]) == 0
     raw = load_plan(str(tmp_path / "raw.json"))
     assert raw.engine.kv_cache_dtype == "int4_per_token_head" and raw.engine.skip_layers
     plan, out = _vllm_plan(capsys, str(bad), tmp_path / "p.json")

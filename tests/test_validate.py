@@ -126,7 +126,9 @@ def cli_run(tiny_model_dir, tmp_path_factory, _one_thread):
     assert main(["profile", "--model", tiny_model_dir, "--seq-len", "32", "--windows", "2", "--schemes",
                  PROFILE_SCHEMES, "--out", str(prof), "--device", "cpu", "--quiet"]) == 0
     plan = root / "plan.json"
-    assert main(["plan", str(prof), "--target", "sensprof", "--avg-bits", "6", "--out", str(plan)]) == 0
+    # chosen by prediction alone: the table's predicted column is then the profile's per-layer sum
+    assert main(["plan", str(prof), "--target", "sensprof", "--avg-bits", "6", "--select-measured", "0", "--out",
+                 str(plan)]) == 0
     vplan = root / "vllm.json"
     # head_dim 32: int4_per_token_head is 5 bits; one layer at 16 bits -> 26/3 <= 10; fp8/int8 cannot skip one
     assert main(["plan", str(prof), "--target", "vllm", "--avg-bits", "10", "--num-skip", "1",
