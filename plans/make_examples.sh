@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the example plans for smollm2-135m, each validated on windows the profile never saw, plus the report.
+# The smollm2-135m plans are the planner's own choice by predicted damage (--select-measured 0), as they were made on
+# 2026-12-01; `sensprof plan` now measures its candidates by default (the Gemma plans below show that).
 #   sensprof target (any scheme per layer): 5 and 8 bits, from the default profile (profiles/smollm2-135m);
 #   vllm target (every vLLM 0.33 dtype on Hopper, vLLM's boundary layers kept): 4.5 (the least any dtype fits in), 5, 6 and 8 bits, from
 #   `sensprof profile --target vllm` (profiles/smollm2-135m-vllm);
@@ -19,7 +21,7 @@ sensprof profile --model smollm2-135m --out "$profile" --quiet
 sensprof profile --model smollm2-135m --target vllm --out "$vprofile" --quiet
 run() {  # target profile bits
   plan="plans/smollm2-135m-$1-${3}bits.json"
-  sensprof plan "$2" --target "$1" --avg-bits "$3" --out "$plan" > /dev/null
+  sensprof plan "$2" --target "$1" --avg-bits "$3" --select-measured 0 --out "$plan" > /dev/null
   sensprof validate "$plan" > "${plan%.json}.validation.txt"
   echo "== $plan"; cat "${plan%.json}.validation.txt"
 }
@@ -31,7 +33,7 @@ cprofile=profiles/smollm2-135m-vllm-cpu
 sensprof profile --model smollm2-135m --target vllm --vllm-gpu cpu --out "$cprofile" --quiet
 for bits in 8 9; do
   plan="plans/smollm2-135m-vllm-cpu-${bits}bits.json"
-  sensprof plan "$cprofile" --target vllm --vllm-gpu cpu --avg-bits "$bits" --out "$plan" > /dev/null
+  sensprof plan "$cprofile" --target vllm --vllm-gpu cpu --avg-bits "$bits" --select-measured 0 --out "$plan" > /dev/null
   sensprof validate "$plan" --engine vllm > "${plan%.json}.engine-vllm.txt"
   echo "== $plan"; cat "${plan%.json}.engine-vllm.txt"
 done

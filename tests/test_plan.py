@@ -335,3 +335,24 @@ def test_every_example_plan_loads_and_reads():
         if plan.predicted.joint_factor:
             for n in plan.predicted.joint_factor:
                 assert plan.predicted.joint_factor_at(int(n)) == plan.predicted.joint_factor[n]
+
+
+def test_predicted_advantage_benchmark_never_finds_a_uniform_the_planner_missed(profile_dir, tmp_path):
+    """benchmarks/predicted_advantage.py: with the plan priced at the length it compares at, every uniform
+    configuration of no more memory is one the planner could have chosen, so none is predicted lower."""
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "predicted_advantage.py")
+    out = tmp_path / "advantage.csv"
+    run = subprocess.run([sys.executable, script, profile_dir, "--avg-bits", "3,5,6", "--length", "256",
+                          "--context-len", "256", "--out", str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    df = pd.read_csv(out)
+    assert list(df.budget) == [3, 5, 6]
+    assert (df.best_uniform_avg_bits <= df.plan_avg_bits + 1e-9).all()
+    assert (df.plan_predicted_kl <= df.best_uniform_predicted_kl * (1 + 1e-9)).all()
+    assert (df.predicted_plan_over_uniform - df.plan_predicted_kl / df.best_uniform_predicted_kl).abs().max() < 1e-3
+    assert df.predicted_plan_over_uniform.iloc[-1] < 1  # 6 bits leaves room to spend bits where they pay

@@ -1,0 +1,86 @@
+"""How much a profile itself says a per-layer plan can beat uniform settings: the plan's predicted KL over the
+best predicted uniform configuration with no more memory, both priced at a validation length. When this ratio is
+above issue 25's 0.5 target, no planner fed this profile can meet it however well its predictions hold; when it is
+below and the measured ratio (benchmarks/plan_quality.py) is not, the predictions are what fall short.
+
+    python benchmarks/predicted_advantage.py PROFILE_DIR [--avg-bits 3,3.5,4,4.5,5,6] [--length 1024]
+                                             [--context-len N] [--out results.csv]
+
+Plans are made as `sensprof plan --select-measured 0` makes them (damage priced at the serving length,
+--context-len, default the planner's). Every uniform configuration of the profile's menus (one K and one V scheme
+for every layer) that the runtime can hold is priced alike; "best" is the lowest predicted with no more long-context
+bits than the plan. Loads no model: seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import pandas as pd
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("profile")
+    ap.add_argument("--avg-bits", default="3,3.5,4,4.5,5,6")
+    ap.add_argument("--length", type=int, default=None, help="validation length (default 4x the profile's)")
+    ap.add_argument("--context-len", type=int, default=None, help="the serving length the plan is priced at")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    from sensprof.budget import Budget
+    from sensprof.files import atomic_write_text
+    from sensprof.plan import make_plan
+    from sensprof.planner import runtime_format
+    from sensprof.pricing import priced_at
+    from sensprof.schemes import get_scheme
+    from sensprof.table import load_profile, summed_damage
+
+    profile = load_profile(args.profile, require_complete=True)
+    meta = profile.meta
+    layers = meta["layers"]
+    own = int(meta["settings"]["seq_len"])
+    n = args.length or 4 * own
+    at = priced_at(profile.table, meta.get("reads", "streaming"), own, n, layers)
+    elems = sum(2 * layer["kv_heads"] * layer["head_dim"] for layer in layers)
+    unit = Budget("avg_bits", 16)
+
+    def bits(pairs):
+        return sum(unit.cost(get_scheme(k), layer) + unit.cost(get_scheme(v), layer)
+                   for (k, v), layer in zip(pairs, layers)) / elems
+
+    cells = profile.table
+    ks = sorted(s for s in cells[cells.tensor == "K"].scheme.unique() if runtime_format(s))
+    vs = sorted(s for s in cells[cells.tensor == "V"].scheme.unique() if runtime_format(s))
+    uniform = []
+    for k in ks:
+        for v in vs:
+            pairs = [(k, v)] * len(layers)
+            damage = summed_damage(at, pairs, "kl")
+            if damage == damage:  # NaN: a cell the profile lacks on some layer
+                uniform.append({"config": f"{k} / {v}", "avg_bits": bits(pairs), "predicted_kl": damage})
+    uniform = pd.DataFrame(uniform)
+    rows = []
+    for b in (float(x) for x in args.avg_bits.split(",")):
+        plan = make_plan(args.profile, "sensprof", Budget("avg_bits", b, args.context_len))
+        pairs = [(q.k_scheme, q.v_scheme) for q in plan.layers]
+        mine, pred = bits(pairs), summed_damage(at, pairs, "kl")
+        pool = uniform[uniform.avg_bits <= mine + 1e-9]
+        best = pool.loc[pool.predicted_kl.idxmin()]
+        rows.append({"model": meta["model"]["id"], "length": n, "budget": b, "plan_avg_bits": round(mine, 4),
+                     "plan_predicted_kl": pred, "best_uniform": best.config,
+                     "best_uniform_avg_bits": round(best.avg_bits, 4), "best_uniform_predicted_kl": best.predicted_kl,
+                     "predicted_plan_over_uniform": round(pred / best.predicted_kl, 3)})
+    df = pd.DataFrame(rows)
+    print(f"{meta['model']['id']}: predicted at {n} tokens (the profile priced there), read "
+          f"{meta.get('reads', 'streaming')}")
+    print(df.drop(columns=["model", "length"]).to_string(index=False))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        atomic_write_text(args.out, df.to_csv(index=False))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
