@@ -21,7 +21,7 @@ This notebook runs the whole flow on the built-in default model (SmolLM2-135M-In
 
 Each step is the `sensprof` command line, called in-process (`sensprof([...])` here is `sensprof ...` in a shell).
 The test suite executes this notebook, so what it shows stays true. Real runs use the defaults
-(`sensprof profile --model smollm2-135m`: 2 windows of 256 tokens and 8 schemes)."""),
+(`sensprof profile --model smollm2-135m`: 2 windows of 256 tokens, 17 key and 13 value schemes)."""),
 code("""import os
 import warnings
 
@@ -65,6 +65,19 @@ md("""## 4. Validate
 Every layer quantized at once, on windows the profile did not use: measured KL beside the sum of per-layer
 KLs the planner optimised, and beside uniform configurations."""),
 code("""sensprof(["validate", f"{OUT}/plan-sensprof.json", "--windows", "1"])"""),
+md("""### 4b. Checked in the engine that serves it
+`sensprof validate PLAN --engine vllm` runs the plan as exported in vLLM itself (here its CPU backend, installed by
+`tools/engines/install.sh` in its own environment) beside sensprof's emulation on the same tokens. Running vLLM takes
+minutes, so this cell shows the table the example plan's check wrote
+(`sensprof validate plans/smollm2-135m-vllm-cpu-9bits.json --engine vllm`, see `plans/make_examples.sh`):
+engine KL / emulated KL, the paired per-token dNLL difference with its standard error, and whether they agree."""),
+code("""import pandas as pd
+import sensprof as sensprof_package
+
+ROOT = os.path.dirname(os.path.dirname(sensprof_package.__file__))  # the repository (an editable install)
+check = pd.read_csv(os.path.join(ROOT, "plans", "smollm2-135m-vllm-cpu-9bits.engine-vllm.csv"))
+check[["config", "engine", "seq_len", "emulated_kl", "engine_kl", "kl_ratio", "dnll_diff", "dnll_diff_se",
+       "dnll_corr", "agrees"]]"""),
 md("""## 5. Report
 PNGs and one self-contained HTML page (`report.html`). Here: the measured damage per layer and scheme, and
 the plan as a strip of per-layer K and V choices."""),

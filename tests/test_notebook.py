@@ -1,4 +1,5 @@
-"""The walkthrough notebook runs from start to end and shows what it says it shows."""
+"""The walkthrough notebook is what notebooks/make_walkthrough.py writes, runs from start to end and shows what it
+says it shows."""
 
 import importlib.util
 import os
@@ -7,10 +8,22 @@ import shutil
 import pytest
 
 NOTEBOOK = os.path.join(os.path.dirname(__file__), "..", "notebooks", "walkthrough.ipynb")
+MAKER = os.path.join(os.path.dirname(__file__), "..", "notebooks", "make_walkthrough.py")
 
-pytestmark = pytest.mark.slow
+
+def test_the_committed_notebook_is_what_make_walkthrough_writes(monkeypatch):
+    """Cells edited in the notebook alone are lost the next time make_walkthrough.py runs."""
+    import runpy
+
+    nbformat = pytest.importorskip("nbformat")
+    written = []
+    monkeypatch.setattr(nbformat, "write", lambda nb, path: written.append(nb))
+    runpy.run_path(MAKER)
+    committed = nbformat.read(NOTEBOOK, as_version=4)
+    assert [(c.cell_type, c.source) for c in written[0].cells] == [(c.cell_type, c.source) for c in committed.cells]
 
 
+@pytest.mark.slow
 def test_walkthrough_notebook_executes_and_shows_its_plots(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
