@@ -34,42 +34,27 @@ def main():
     from sensprof.plan import make_plan
     from sensprof.planner import runtime_format
     from sensprof.pricing import priced_at
-    from sensprof.schemes import get_scheme
+    from sensprof.report.data import config_bits, uniform_configs
     from sensprof.table import load_profile, summed_damage
 
     profile = load_profile(args.profile, require_complete=True)
     meta = profile.meta
-    layers = meta["layers"]
     own = int(meta["settings"]["seq_len"])
     n = args.length or 4 * own
-    at = priced_at(profile.table, meta.get("reads", "streaming"), own, n, layers)
-    elems = sum(2 * layer["kv_heads"] * layer["head_dim"] for layer in layers)
-    unit = Budget("avg_bits", 16)
-
-    def bits(pairs):
-        return sum(unit.cost(get_scheme(k), layer) + unit.cost(get_scheme(v), layer)
-                   for (k, v), layer in zip(pairs, layers)) / elems
-
-    cells = profile.table
-    ks = sorted(s for s in cells[cells.tensor == "K"].scheme.unique() if runtime_format(s))
-    vs = sorted(s for s in cells[cells.tensor == "V"].scheme.unique() if runtime_format(s))
-    uniform = []
-    for k in ks:
-        for v in vs:
-            pairs = [(k, v)] * len(layers)
-            damage = summed_damage(at, pairs, "kl")
-            if damage == damage:  # NaN: a cell the profile lacks on some layer
-                uniform.append({"config": f"{k} / {v}", "avg_bits": bits(pairs), "predicted_kl": damage})
-    uniform = pd.DataFrame(uniform)
+    at = priced_at(profile.table, meta.get("reads", "streaming"), own, n, meta["layers"])
+    uniform = uniform_configs(at, meta, every=True)
+    held = [runtime_format(k) and runtime_format(v) and d == d  # NaN: a cell the profile lacks on some layer
+            for k, v, d in zip(uniform.k_scheme, uniform.v_scheme, uniform.predicted_kl)]
+    uniform = uniform[held]
     rows = []
     for b in (float(x) for x in args.avg_bits.split(",")):
         plan = make_plan(args.profile, "sensprof", Budget("avg_bits", b, args.context_len))
         pairs = [(q.k_scheme, q.v_scheme) for q in plan.layers]
-        mine, pred = bits(pairs), summed_damage(at, pairs, "kl")
+        mine, pred = config_bits(meta, pairs), summed_damage(at, pairs, "kl")
         pool = uniform[uniform.avg_bits <= mine + 1e-9]
         best = pool.loc[pool.predicted_kl.idxmin()]
         rows.append({"model": meta["model"]["id"], "length": n, "budget": b, "plan_avg_bits": round(mine, 4),
-                     "plan_predicted_kl": pred, "best_uniform": best.config,
+                     "plan_predicted_kl": pred, "best_uniform": f"{best.k_scheme} / {best.v_scheme}",
                      "best_uniform_avg_bits": round(best.avg_bits, 4), "best_uniform_predicted_kl": best.predicted_kl,
                      "predicted_plan_over_uniform": round(pred / best.predicted_kl, 3)})
     df = pd.DataFrame(rows)
