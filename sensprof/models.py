@@ -13,6 +13,7 @@ import struct
 from dataclasses import asdict, dataclass
 
 from .errors import SensprofError
+from .gguf_files import gguf_reads_once, read_gguf
 
 BUILTIN_MODELS = {
     "smollm2-135m": {
@@ -144,6 +145,12 @@ def resolve_device(device: str) -> str:
 def load_model(name: str = DEFAULT_MODEL, device: str = "auto", dtype: str | None = None,
                device_map: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
     """Load weights and tokenizer with eager attention (the profiler reads attention weights)."""
+    with gguf_reads_once():  # a GGUF file parsed once, not once per part transformers reads (gguf_files.py)
+        return _load_model(name, device, dtype, device_map, trust_remote_code)
+
+
+def _load_model(name: str, device: str, dtype: str | None, device_map: str | None,
+                trust_remote_code: bool) -> LoadedModel:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -218,11 +225,9 @@ def _unreadable(name: str, src: dict, e: Exception, what: str, fix: str) -> Sens
     """The error for a model transformers could not read: for a GGUF file that gguf's own reader cannot parse
     either, that it is truncated or damaged (the reader's message, e.g. a failed reshape, does not say so)."""
     if src.get("gguf_file"):
-        from gguf import GGUFReader
-
         path = os.path.join(src["path"], src["gguf_file"])
         try:
-            GGUFReader(path)
+            read_gguf(path)
         except (OSError, ValueError, IndexError, struct.error) as damage:
             return _damaged_gguf(path, damage)
     return SensprofError(f"cannot read {what} {name!r}: {_first_line(e)}; {fix}")
@@ -381,10 +386,8 @@ def layer_infos_to_json(infos: list[LayerInfo]) -> list[dict]:
 def gguf_metadata(path: str, prefix: str = "general.") -> dict:
     """String and integer fields of a GGUF file's metadata whose keys start with `prefix`."""
     _require("gguf", "install it with `pip install gguf` (or `pip install 'sensprof[gguf]'`)")
-    from gguf import GGUFReader
-
     try:
-        reader = GGUFReader(path)
+        reader = read_gguf(path)
     except (OSError, ValueError, IndexError, struct.error) as e:
         raise _damaged_gguf(path, e) from None
     out = {}
@@ -407,7 +410,7 @@ def model_config(name: str, local_only: bool = False):
     src = resolve_model(name)
     kwargs = {"gguf_file": src["gguf_file"]} if src["gguf_file"] else {}
     try:
-        with _quiet_hub():
+        with _quiet_hub(), gguf_reads_once():
             return AutoConfig.from_pretrained(src["path"], local_files_only=local_only, **kwargs)
     except (OSError, ValueError, IndexError, struct.error) as e:
         raise _unreadable(name, src, e, "the model config of", "pass a reachable model with --model") from None

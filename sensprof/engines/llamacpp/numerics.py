@@ -55,9 +55,9 @@ def round_activation(x: torch.Tensor, how) -> torch.Tensor:
 
 def gguf_tensor_types(gguf_path: str) -> tuple[str, int, dict[str, str]]:
     """The GGUF's architecture, block count and each tensor's ggml type name."""
-    import gguf
+    from ...gguf_files import read_gguf
 
-    reader = gguf.GGUFReader(gguf_path)
+    reader = read_gguf(gguf_path)
     field = reader.fields["general.architecture"]
     arch = bytes(field.parts[field.data[0]]).decode()
     blocks = reader.fields.get(f"{arch}.block_count")
