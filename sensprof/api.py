@@ -72,6 +72,8 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
     if ray is not None and not isinstance(model, str):
         raise SensprofError("--ray loads the model on every worker: pass a model id, path or alias, not a loaded model")
     files = [text] if isinstance(text, str) else text
+    if files:
+        load_text(files)  # a missing, unreadable or undecodable --text fails before minutes of loading
     with contextlib.ExitStack() as stack:
         if out_dir:
             from .files import check_writable, output_lock

@@ -267,10 +267,17 @@ def test_text_shorter_than_one_window(capsys, tiny_model_dir, tmp_path):
     assert "longer --text" in msg and "smaller --seq-len" in msg
 
 
-def test_missing_text_file(capsys, tiny_model_dir, tmp_path):
-    msg = cli_error(capsys, "profile", "--model", tiny_model_dir, *FAST, "--text", tmp_path / "nope.txt",
-                    "--out", tmp_path / "out")
-    assert "nope.txt" in msg and "does not exist" in msg and "--text" in msg
+def test_missing_text_file(capsys, tiny_model_dir, tmp_path, monkeypatch):
+    """Refused before the model is loaded (a real model takes a minute to load)."""
+    import sensprof.api
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the --text was checked")
+
+    monkeypatch.setattr(sensprof.api, "_profiled_model", no_loading)
+    for model in ([], ["--model", tiny_model_dir]):
+        msg = cli_error(capsys, "profile", *model, *FAST, "--text", tmp_path / "nope.txt", "--out", tmp_path / "out")
+        assert "nope.txt" in msg and "does not exist" in msg and "--text" in msg
 
 
 def test_too_many_windows(capsys, tiny_model_dir, tmp_path):
