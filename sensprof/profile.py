@@ -103,6 +103,15 @@ def _baseline_pass(model, session, input_ids, n_layers, head, recorder=None):
     return final, outputs, stats_taps
 
 
+def kv_absmax(model, input_ids: torch.Tensor) -> list[dict]:
+    """Per layer, each cached tensor's absmax per KV head on these windows: the calibration a profile records, for
+    a check that calibrates on windows of its own (tests/engines, benchmarks/vllm_cpu_agreement.py)."""
+    n = len(describe_layers(model))
+    with torch.no_grad(), attention_taps(model) as session:
+        _, _, taps = _baseline_pass(model, session, input_ids.to(_input_device(model)), n, None)
+    return [{name: st.head_absmax.tolist() for name, st in tap.stats.items()} for tap in taps]
+
+
 def _stats_rows(infos, stats_taps) -> tuple[list[dict], dict]:
     rows, calibration = [], {}
     for info, tap in zip(infos, stats_taps):

@@ -252,3 +252,15 @@ def test_long_windows_attend_a_block_of_queries_at_a_time(monkeypatch, arch):
     blocked = run_profile(model, _ids(), schemes, progress=False).table
     for col in ("kl", "dnll", "attn_kl", "out_rel_l2"):
         np.testing.assert_allclose(blocked[col], whole[col], rtol=1e-5, atol=1e-12, err_msg=col)
+
+
+def test_kv_absmax_is_the_calibration_the_profile_records(arch_run):
+    """The checks that calibrate on windows of their own (the engine tests) use what a profile would record."""
+    from sensprof.profile import kv_absmax
+
+    _, model, _, prof = arch_run
+    mine = kv_absmax(model, _ids())
+    assert len(mine) == len(prof.calibration) and {"K", "V"} <= set(mine[0])
+    for i, by_tensor in enumerate(mine):
+        assert by_tensor == prof.calibration[str(i)]
+        assert all(x > 0 for values in by_tensor.values() for x in values)

@@ -11,15 +11,13 @@ Slow (the real model, two engines): one engine job per engine runs all its confi
 from __future__ import annotations
 
 import pytest
-import torch
 
 from sensprof.artifacts import LayerPlan, LlamacppSettings, Plan, VllmSettings
 from sensprof.data import load_windows
 from sensprof.engines.llamacpp.catalog import channel_order, key_scheme, value_scheme
 from sensprof.engines.run.python import find_engine_python
-from sensprof.hooks import attention_taps
 from sensprof.models import describe_layers, fingerprint, load_model
-from sensprof.taps import StatsTap
+from sensprof.profile import kv_absmax
 from sensprof.validate_engine import (LLAMACPP_BASELINE, LLAMACPP_DRAWS, LLAMACPP_FLOOR, VLLM_BASELINE,
                                       compare_with_engine, llamacpp_run, vllm_run)
 
@@ -43,13 +41,7 @@ def windows(smollm2):
 def absmax(smollm2):
     """Per-layer K/V absmax per KV head on other windows: the calibration a profile records."""
     ids, _, _ = load_windows(smollm2.tokenizer, None, seq_len=256, windows=2, seed=0)
-    with torch.no_grad(), attention_taps(smollm2.model) as session:
-        taps = [StatsTap(session, i) for i in range(len(describe_layers(smollm2.model)))]
-        for i, tap in enumerate(taps):
-            session.set_tap(i, tap)
-        smollm2.model(input_ids=ids, use_cache=False)
-        session.clear_taps()
-    return [{t: st.head_absmax.tolist() for t, st in tap.stats.items()} for tap in taps]
+    return kv_absmax(smollm2.model, ids)
 
 
 def _plan(model, absmax, target, engine, k, v, skip=()) -> Plan:
