@@ -20,7 +20,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "sensprof")
 # entry that a module's name starts with wins).
 LAYERS = [
     ["errors", "constants"],
-    ["files", "specs"],
+    ["files", "specs", "gguf_files"],  # gguf_files: a GGUF file parsed once (models and engines.llamacpp read it)
     ["engines"],  # what serving engines store: catalogs as data (no torch) and emulations; schemes.py asks them
     ["", "schemes", "memory", "scheme_tables", "budget", "pricing", "rope", "rotation", "data", "quant", "screen",
      "metrics"],
