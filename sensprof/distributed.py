@@ -46,21 +46,30 @@ def check_reachable(address: str) -> None:
                             "`ray start --head` there, or check the address and port") from None
 
 
-def connect(address) -> bool:
+def connect(address) -> str | None:
     """Join the cluster at `address`, or with True start one on this machine; a Ray this process already
-    initialized is used as it is. Returns whether this call initialized Ray (and should shut it down)."""
+    initialized is used as it is. Returns None when this call did not initialize Ray, else the Ray session
+    folder it made ('' when it joined a cluster): pass it to disconnect()."""
     import logging
+    import shutil
+    import tempfile
 
     ray = require_ray()
     if address is not True:
         check_reachable(address)
     if ray.is_initialized():
-        return False
+        return None
+    # A cluster of our own keeps its sockets, logs and spill files in a temporary folder of its own, removed when it
+    # stops (or by the reaper after a kill -9), instead of leaving a session in /tmp/ray per run.
+    temp_dir = tempfile.mkdtemp(prefix="sensprof-ray-", dir=os.environ.get("RAY_TMPDIR")) if address is True else ""
     try:
         with contextlib.nullcontext() if address is True else _native_stderr_to_void():
             ray.init(address="local" if address is True else address, include_dashboard=False if address is True
-                     else None, log_to_driver=False, logging_level=logging.ERROR)
+                     else None, log_to_driver=False, logging_level=logging.ERROR,
+                     **({"_temp_dir": temp_dir} if temp_dir else {}))
     except (ConnectionError, ValueError, RuntimeError) as e:
+        if temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
         why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         if address is True:
             raise SensprofError(f"cannot start a Ray cluster on this machine ({why}); check `ray status`, or "
@@ -68,19 +77,34 @@ def connect(address) -> bool:
         raise SensprofError(f"cannot join the Ray cluster at {address!r} ({why}); check the address, and "
                             "`ray status` on that cluster") from None
     if address is True:
-        _fate_share_with_ray(ray)
-    return True
+        _fate_share_with_ray(ray, temp_dir)
+    return temp_dir
+
+
+def disconnect(ray, temp_dir: str | None) -> None:
+    """Undo connect(): shut down a Ray it initialized and remove the session folder of a cluster it started."""
+    import shutil
+
+    if temp_dir is None:
+        return
+    ray.shutdown()
+    if temp_dir:
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 # Run by a small process of its own: it keeps a list of the processes given as PID:START-TIME and all their
 # descendants (Ray's dashboard and runtime-env agents, its workers: they outlive their parent raylet), refreshed
 # every second until EOF on stdin (the driver's end of a pipe closes when the driver exits, kill -9 included);
-# then it SIGKILLs every one of them still running, skipping any PID since reused by another process.
+# then it SIGKILLs every one of them still running, skipping any PID since reused by another process, and, once
+# they are gone, removes the folders given as RM:PATH.
 _REAPER = """
-import os, select, sys
+import os, select, shutil, sys
 import psutil
-roots, known = [], {}
+roots, known, folders = [], {}, []
 for arg in sys.argv[1:]:
+    if arg.startswith("RM:"):
+        folders.append(arg[3:])
+        continue
     pid, _, start = arg.partition(":")
     try:
         p = psutil.Process(int(pid))
@@ -102,13 +126,17 @@ for p in known.values():
         p.kill()  # psutil checks the PID still names the process it saw
     except psutil.Error:
         pass
+psutil.wait_procs(list(known.values()), timeout=30)
+for folder in folders:
+    shutil.rmtree(folder, ignore_errors=True)
 """
 _reaper_pipes: list[int] = []  # the driver's write ends, held open for the life of the process
 
 
-def fate_share(pids) -> None:
+def fate_share(pids, remove: str = "") -> None:
     """Make the processes `pids` (and their descendants) die with this process, however it ends: a reaper
-    process kills them when this process's end of a pipe closes. A normal exit has shut them down already."""
+    process kills them when this process's end of a pipe closes, then removes the folder `remove` (theirs). A
+    normal exit has shut them down and removed it already."""
     import subprocess
     import sys
 
@@ -120,6 +148,8 @@ def fate_share(pids) -> None:
             args.append(f"{pid}:{psutil.Process(pid).create_time()!r}")
     if not args:
         return
+    if remove:
+        args.append(f"RM:{remove}")
     read, write = os.pipe()
     try:
         subprocess.Popen([sys.executable, "-c", _REAPER, *args], stdin=read, stdout=subprocess.DEVNULL,
@@ -130,7 +160,7 @@ def fate_share(pids) -> None:
     _reaper_pipes.append(write)
 
 
-def _fate_share_with_ray(ray) -> None:
+def _fate_share_with_ray(ray, temp_dir: str) -> None:
     """The local cluster `ray.init` started: its GCS, raylet, log monitor and what they spawn die with the
     driver, so a kill -9 leaves no Ray running (Ray's own fate sharing misses the agents the raylet starts)."""
     try:
@@ -139,7 +169,7 @@ def _fate_share_with_ray(ray) -> None:
                 if getattr(info, "process", None) is not None]
     except AttributeError:  # another Ray version's internals: rely on its own fate sharing
         return
-    fate_share(pids)
+    fate_share(pids, remove=temp_dir)
 
 
 @contextlib.contextmanager
@@ -303,7 +333,7 @@ class RayProfiler:
         self.address, self.options, self.log = address, model_options, log or (lambda msg: None)
         self.n_workers, self.gpus_per_worker = workers, gpus_per_worker
         self.ray = require_ray()
-        self.started, self.workers, self.lost = False, [], []
+        self.started, self.workers, self.lost = None, [], []
 
     def __enter__(self):
         self.started = connect(self.address)
@@ -319,8 +349,8 @@ class RayProfiler:
             with contextlib.suppress(Exception):
                 self.ray.kill(w)
         self.workers = []
-        if self.started:
-            self.ray.shutdown()
+        disconnect(self.ray, self.started)
+        self.started = None
         return False
 
     def _start_workers(self) -> None:

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pandas as pd
 import pytest
@@ -40,9 +41,11 @@ def cluster(tmp_path_factory):
     flag = str(tmp_path_factory.mktemp("hook") / "exit-once")
     old = os.environ.get(EXIT_HOOK)
     os.environ[EXIT_HOOK] = flag
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    session = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths must fit in 107 bytes
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=session)
     yield flag
     ray.shutdown()
+    shutil.rmtree(session, ignore_errors=True)
     if old is None:
         del os.environ[EXIT_HOOK]
     else:
@@ -102,14 +105,34 @@ def test_ray_run_resumes_and_merges_as_a_local_one(cluster, reference, tiny_mode
     _assert_same_tables(str(tmp_path / "merged"), reference)
 
 
-def test_cli_starts_its_own_cluster(reference, tiny_model_dir, tmp_path):
-    """Without an address the command starts (and stops) a Ray cluster on this machine; stderr stays clean."""
+@pytest.fixture
+def temp_root():
+    """A TMPDIR of its own (short: Ray's socket paths must fit in 107 bytes), to see what a run leaves in it."""
+    root = tempfile.mkdtemp(prefix="t-")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _leftovers(root, within_s=30.0) -> list[str]:
+    import time
+
+    deadline = time.monotonic() + within_s
+    while os.listdir(root) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return os.listdir(root)
+
+
+def test_cli_starts_its_own_cluster(reference, tiny_model_dir, tmp_path, temp_root):
+    """Without an address the command starts (and stops) a Ray cluster on this machine; stderr stays clean, and
+    the cluster's session folder (Ray's default: a new one in /tmp/ray per run) is gone with it."""
     pytest.importorskip("ray")
     out = tmp_path / "cli"
     r = subprocess.run([sys.executable, "-m", "sensprof", "profile", "--model", tiny_model_dir, "--schemes", SCHEMES,
                         "--seq-len", "32", "--ray", "--ray-workers", "2", "--out", str(out)],
-                       capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": temp_root})
     assert r.returncode == 0, r.stderr
+    assert _leftovers(temp_root, within_s=0) == []
     assert f"wrote {out}/" in r.stdout
     lines = [ln for ln in r.stderr.replace("\r", "\n").splitlines() if ln.strip()]
     assert lines[0].startswith("sensprof: 2 Ray workers (0 GPU, 1 CPU each) are loading")
@@ -255,17 +278,17 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_kill_9_of_profile_ray_leaves_no_ray_running(tiny_model_dir, tmp_path):
+def test_kill_9_of_profile_ray_leaves_no_ray_running(tiny_model_dir, tmp_path, temp_root):
     """The local cluster `profile --ray` started (dashboard and runtime-env agents, ~216 MB) stayed alive,
     parented to PID 1, after the driver was killed. The Ray processes are stopped (SIGSTOP) before the kill, so
-    none can end on its own: each must be killed because the driver died."""
+    none can end on its own: each must be killed because the driver died, and their session folder removed."""
     import signal
 
     pytest.importorskip("ray")
     driver = subprocess.Popen([sys.executable, "-c", RAY_DRIVER, "profile", "--model", tiny_model_dir, "--schemes",
                                "int4_c32", "--seq-len", "32", "--ray", "--ray-workers", "1", "--quiet", "--out",
                                str(tmp_path / "p")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                              env={**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": temp_root})
     pids = []
     try:
         line = ""
@@ -279,6 +302,7 @@ def test_kill_9_of_profile_ray_leaves_no_ray_running(tiny_model_dir, tmp_path):
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=60)
         assert _gone(pids, within_s=120) == []
+        assert _leftovers(temp_root) == []  # the cluster's session folder, removed once its processes are gone
     finally:
         if driver.poll() is None:
             driver.kill()

@@ -193,6 +193,19 @@ def test_a_successful_engine_run_leaves_a_file_at_the_log_path_alone(tmp_path):
     assert log.read_text() == "the user's own notes"
 
 
+def test_the_engines_temporary_files_go_in_the_work_folder(tmp_path):
+    """vLLM leaves a file of its distributed store in the temporary folder of every run (/tmp/vllm_dist_*): the
+    engine's TMPDIR is a folder inside the work folder, which the caller removes."""
+    work, seen = tmp_path / "work", tmp_path / "seen"
+    work.mkdir()
+    engine = tmp_path / "python"  # an "engine" that says where its temporary files would go
+    engine.write_text(f'#!/bin/sh\nprintf %s "$TMPDIR" > {seen}\n')
+    engine.chmod(0o755)
+    run_job("vllm", str(engine), {"configs": []}, str(work), str(tmp_path / "engine.log"))
+    temp = seen.read_text()
+    assert os.path.isdir(temp) and os.path.commonpath([temp, str(work)]) == str(work)
+
+
 def test_engine_table_shows_the_ratio_with_its_noise():
     import pandas as pd
 

@@ -10,6 +10,9 @@ Slow (the real model, two engines): one engine job per engine runs all its confi
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from sensprof.artifacts import LayerPlan, LlamacppSettings, Plan, VllmSettings
@@ -78,7 +81,10 @@ def test_vllm_cpu_backend_agrees_with_the_emulation(smollm2, windows, absmax, tm
             run("fp8 cal skip", "fp8", "fp8_e4m3_cal_rtz", SKIP, scaled=True),
             run("fp8_e5m2", "fp8_e5m2", "fp8_e5m2_rtz"),
             run("fp8_e5m2 skip", "fp8_e5m2", "fp8_e5m2_rtz", SKIP)]
+    temp_before = set(os.listdir(tempfile.gettempdir()))
     rows = compare_with_engine("vllm", engine, smollm2, windows, runs, str(tmp_path / "vllm.log"))
+    left = {n for n in set(os.listdir(tempfile.gettempdir())) - temp_before if n.startswith(("vllm", "sensprof"))}
+    assert not left, f"the engine run left {sorted(left)} in the temporary folder"
     assert [r["config"] for r in rows] == [r.name for r in runs[1:]]
     _check(rows)
     # vLLM's CPU baseline in float32 is sensprof's within float noise, so the per-token correlation was demanded

@@ -31,7 +31,10 @@ def run_job(engine: str, python: str, job: dict, workdir: str, log_path: str, ti
         json.dump(job, f)
     script = os.path.join(os.path.dirname(__file__), RUNNERS[engine])
     run_log = os.path.join(workdir, f"{engine}.log")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The engine's temporary files (vLLM's distributed-store file, one per run) go in workdir, removed with it.
+    temp = os.path.join(workdir, "tmp")
+    os.makedirs(temp, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=temp)
     env.pop("PYTHONPATH", None)  # the engine's environment, not sensprof's
     with open(run_log, "w") as log:
         try:
