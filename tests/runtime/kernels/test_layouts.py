@@ -13,7 +13,8 @@ from dataclasses import replace
 import pytest
 import torch
 from runtime.kernels.packed import LAYOUTS, OCTAVE_PAIRS, rope_tables, store_reads
-from runtime.kernels.test_triton_kernels import _run_interpreted, needs_triton
+from runtime.kernels.interpreter import run_interpreted
+from runtime.kernels.test_triton_kernels import needs_triton
 
 from sensprof.runtime.kernels import cpu_kernels, dense_read, reference
 
@@ -175,7 +176,7 @@ _TRITON_CHECK = """
 def test_every_layout_decodes_through_the_triton_kernel(part):
     """Each layout as keys and values, with and without a padding mask (one row reading no packed token); half the
     layouts a subprocess (the interpreter runs each program op by op)."""
-    out = _run_interpreted(_TRITON_CHECK + f"""
+    out = run_interpreted(_TRITON_CHECK + f"""
     for name in LAYOUTS[{part}::2]:
         args, kw = store_reads(name, name, b=3, hq=6, hkv=2, t=140, tail=3, d=32)
         check(args, kw)
@@ -189,7 +190,7 @@ def test_every_layout_decodes_through_the_triton_kernel(part):
 def test_mixed_layouts_rope_and_windows_through_the_triton_kernel():
     """Key and value layouts of different kinds, keys stored before RoPE (whole and partial rotary), a sliding
     window's mask, head dim 64."""
-    out = _run_interpreted(_TRITON_CHECK + """
+    out = run_interpreted(_TRITON_CHECK + """
     for i, (k_name, v_name) in enumerate(PAIRS):
         d = 64 if i % 2 else 32
         args, kw = store_reads(k_name, v_name, b=2, hq=6, hkv=2, t=140, tail=3, d=d, seed=i)
@@ -204,7 +205,7 @@ def test_mixed_layouts_rope_and_windows_through_the_triton_kernel():
 @needs_triton
 def test_octave_layouts_decode_through_the_triton_kernel():
     """Octave's wide key reads and codebook values (head dim 64), with a padding mask."""
-    out = _run_interpreted(_TRITON_CHECK + """
+    out = run_interpreted(_TRITON_CHECK + """
     from runtime.kernels.packed import OCTAVE_PAIRS
     for k_name, v_name in OCTAVE_PAIRS:
         args, kw = store_reads(k_name, v_name, b=2, hq=6, hkv=2, t=100, tail=3, d=64)
@@ -219,7 +220,7 @@ def test_octave_layouts_decode_through_the_triton_kernel():
 def test_triton_reads_token_slices_in_place_and_tiles_in_16_bits():
     """Strided token slices (with their RoPE tables) across several splits; an fp16 query dequantizes the tiles to
     fp16 for tl.dot (within fp16 rounding of the fp32 reference)."""
-    out = _run_interpreted(_TRITON_CHECK + """
+    out = run_interpreted(_TRITON_CHECK + """
     for k_name, v_name in (("int4_c32", "int4_t32"), ("q4_0", "fp8_e4m3_head"), ("int3_c128", "q8_0")):
         args, kw = store_reads(k_name, v_name, b=2, hq=6, hkv=2, t=300, tail=3, d=32)
         k, v = args["k"], args["v"]
@@ -268,7 +269,7 @@ def test_a_plan_of_mixed_layouts_decodes_through_the_c_kernels_as_through_the_re
 @needs_triton
 def test_a_plan_of_mixed_layouts_decodes_through_the_triton_kernel_as_through_the_reference():
     """End to end in the interpreter: every layer's decode steps read packed by the Triton kernel."""
-    out = _run_interpreted("""
+    out = run_interpreted("""
         import torch
         from conftest import make_tiny_model
         from runtime.plans import decode_logprobs, make_plan

@@ -1,36 +1,22 @@
 """Triton kernels against their PyTorch references, under TRITON_INTERPRET=1 on the CPU.
 
 Two tiers: packing bit-exact; packed decode attention within a tight tolerance. Skipped cleanly when
-triton is absent. Each Triton test runs in a subprocess, because the interpreter switch must be set
-before triton is imported.
+triton is absent. Each Triton test's code runs in a process of its own (runtime/kernels/interpreter.py), because
+the interpreter switch must be set before triton is imported.
 """
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
+from runtime.kernels.interpreter import run_interpreted
 
 from sensprof.runtime.kernels import triton_available
 
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
-TESTS = Path(__file__).parents[2]  # on the path of the subprocess too: conftest, runtime.plans, ...
-
-
-def _run_interpreted(code: str):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    code = f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n" + textwrap.dedent(code)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r.stdout
 
 
 @needs_triton
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
 def test_triton_pack_is_bit_exact(bits):
-    out = _run_interpreted(f"""
+    out = run_interpreted(f"""
         import torch
         from sensprof.runtime.kernels import reference, triton_kernels
         codes = torch.randint(0, 2**{bits}, (3, 5, 64), generator=torch.Generator().manual_seed({bits}),
@@ -47,7 +33,7 @@ def test_triton_pack_is_bit_exact(bits):
 @pytest.mark.parametrize("bits_k,bits_v,n_splits,hq", [(4, 2, 1, 4), (3, 4, 2, 6), (2, 8, 3, 2)])
 def test_triton_decode_attention_matches_the_reference(bits_k, bits_v, n_splits, hq):
     """hq 6 over 2 KV heads: 3 query heads share a KV head (padded to 4 lanes in the kernel)."""
-    out = _run_interpreted(f"""
+    out = run_interpreted(f"""
         import torch
         from runtime.kernels.packed import packed_cache
         from sensprof.runtime.kernels import reference, triton_kernels
@@ -67,7 +53,7 @@ def test_triton_decode_attention_matches_the_reference(bits_k, bits_v, n_splits,
 def test_triton_decode_tiles_on_tl_dot_in_16_bits_and_broadcast_below_16():
     """head_dim >= 16: q.K^T and p.V through tl.dot, on tiles dequantized to the query's dtype (fp16 here,
     against the fp32 reference); head_dim 8 is below tl.dot's smallest tile and takes the broadcast sums."""
-    out = _run_interpreted("""
+    out = run_interpreted("""
         import torch
         from runtime.kernels.packed import packed_cache
         from sensprof.runtime.kernels import reference, triton_kernels
@@ -88,7 +74,7 @@ def test_triton_decode_tiles_on_tl_dot_in_16_bits_and_broadcast_below_16():
 @needs_triton
 def test_triton_quantize_pack_on_append_is_bit_exact():
     """Head dims of 64 and 32 run the kernels; 96 and 80 (not a power of two) are handed to the reference."""
-    out = _run_interpreted("""
+    out = run_interpreted("""
         import torch
         from sensprof.runtime.kernels import reference, triton_kernels
         g = torch.Generator().manual_seed(0)
@@ -112,7 +98,7 @@ def test_triton_quantize_pack_on_append_is_bit_exact():
 def test_the_store_packs_the_other_codecs_through_triton():
     """Codecs the fused quantizers do not cover (absmax q4_0, per-head int8) are packed by the Triton
     pack_bitplanes, head dim 96 by the reference's; the codes are the reference store's."""
-    out = _run_interpreted("""
+    out = run_interpreted("""
         import torch
         from sensprof.runtime.kernels import triton_kernels
         from sensprof.runtime.store import TensorStore
@@ -145,7 +131,7 @@ def test_the_store_packs_the_other_codecs_through_triton():
 @needs_triton
 def test_triton_decode_attention_reads_token_slices_of_the_cache_in_place():
     """The runtime passes views (the positions both K and V hold packed); strides, not copies."""
-    out = _run_interpreted("""
+    out = run_interpreted("""
         import torch
         from runtime.kernels.packed import packed_cache
         from sensprof.runtime.kernels import reference, triton_kernels
@@ -165,7 +151,7 @@ def test_triton_decode_attention_reads_token_slices_of_the_cache_in_place():
 @needs_triton
 def test_planned_cache_decodes_through_the_triton_kernels_as_through_the_reference():
     """End to end in the interpreter: quantize-and-pack on append and packed decode attention, both Triton."""
-    out = _run_interpreted("""
+    out = run_interpreted("""
         import torch
         from conftest import make_tiny_model
         from runtime.plans import decode_logprobs, make_plan
