@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .data import load_windows, select_windows  # noqa: F401  (part of the API: windows of the built-in text)
 from .errors import SensprofError
 from .models import DEFAULT_MODEL
-from .selection import SELECTABLE, default_select_windows  # noqa: F401  (SELECTABLE: targets plan can choose for)
+from .selection import SELECTABLE, check_select_args, default_select_windows  # noqa: F401  (SELECTABLE: targets plan can choose for)
 
 
 def _model_options(model=None, device="auto", dtype=None, device_map=None, trust_remote_code=False) -> dict:
@@ -179,11 +179,7 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
     defaulted = select_measured is None
     if defaulted:
         select_measured = default_select_windows(target, num_skip)
-    if select_measured < 0 or (select_seq_len is not None and select_seq_len < 2):
-        raise SensprofError("--select-measured N takes a number of windows (e.g. 2) and --select-seq-len a length of "
-                            "at least 2 tokens")
-    if select_seq_len is not None and not select_measured:
-        raise SensprofError("--select-seq-len needs --select-measured N")
+    check_select_args(select_measured, select_seq_len, target)
     if select_measured and num_skip is not None:  # only when asked for: the default is 0 with --num-skip
         raise SensprofError(f"--num-skip {num_skip} fixes how many layers the plan keeps, but --select-measured may "
                             "choose a dtype alone (none kept): drop one of them")
@@ -196,16 +192,11 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
         result = refine_plan(result, profile_dir, budget, refine, device, log, dtype, device_map, trust_remote_code,
                              model)
     if select_measured:
-        from .selection import select_measured as select
+        from .selection import select_or_explain
 
-        try:
-            result = select(result, profile_dir, budget, select_measured, select_seq_len, device, log, dtype,
-                            device_map, trust_remote_code, model)
-        except SensprofError as e:
-            if not defaulted or "--select-measured 0" in str(e):
-                raise
-            raise SensprofError(f"{e} (or pass --select-measured 0 to plan by predicted damage alone, without the "
-                                "model)") from None
+        result = select_or_explain(result, profile_dir, budget, select_measured, select_seq_len, defaulted,
+                                   device=device, log=log, dtype=dtype, device_map=device_map,
+                                   trust_remote_code=trust_remote_code, model=model)
     path = None
     if out:
         path = out if isinstance(out, str) else result.default_path()
@@ -216,14 +207,16 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
 def sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target="sensprof", objective="kl", robust=0.0,
           vllm_gpu=None, llamacpp_build=None, context_len=None, validate=False, uniform="frontier", windows=None,
           seq_len=None, model=None, device="auto", dtype=None, device_map=None, trust_remote_code=False, out=None,
-          log=print):
-    """Plans over a range of --avg-bits budgets, and with `validate` each measured beside the menu's uniform
-    configurations on unseen windows. Returns (sweep table, output directory)."""
+          log=print, select_measured=0, select_seq_len=None):
+    """Plans over a range of --avg-bits budgets, each (with `select_measured` windows) chosen by measurement as
+    `plan` chooses, and with `validate` each measured beside the menu's uniform configurations on unseen windows.
+    Returns (sweep table, output directory)."""
     from .sweep import run_sweep
 
     return run_sweep(profile_dir, avg_bits=avg_bits, target=target, objective=objective, robust=robust,
                      vllm_gpu=vllm_gpu, llamacpp_build=llamacpp_build, context_len=context_len, validate=validate,
-                     uniform=uniform, windows=windows, seq_len=seq_len,
+                     uniform=uniform, windows=windows, seq_len=seq_len, select_measured=select_measured,
+                     select_seq_len=select_seq_len,
                      model_options=_model_options(model, device, dtype, device_map, trust_remote_code), out=out,
                      log=log)
 

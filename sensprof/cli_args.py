@@ -159,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated --avg-bits budgets (default 3,3.5,4,4.5,5,6,8)")
     sw.add_argument("--context-len", type=int, default=None, metavar="N",
                     help="the context length the plans serve: damage and budgets priced there (see plan --context-len)")
+    sw.add_argument("--select-measured", type=int, default=0, metavar="N",
+                    help="targets sensprof and vllm: choose each budget's plan as plan --select-measured N does, by "
+                         "measured KL on N windows the profile and --validate do not use (loads the model; default "
+                         "0: the planner's plans, by predicted damage)")
+    sw.add_argument("--select-seq-len", type=int, default=None, metavar="T",
+                    help="with --select-measured: tokens per window (default 4x the profile's, within --context-len)")
     sw.add_argument("--validate", action="store_true",
                     help="also measure each plan and the menu's uniform configurations on unseen windows")
     sw.add_argument("--uniform", default="frontier",

@@ -34,6 +34,31 @@ def default_select_windows(target: str, num_skip) -> int:
     return DEFAULT_SELECT_WINDOWS if target in SELECTABLE and num_skip is None else 0
 
 
+def check_select_args(windows: int, seq_len: int | None, target: str) -> None:
+    """--select-measured N and --select-seq-len T, refused before any solving or loading."""
+    if windows and target not in SELECTABLE:
+        raise SensprofError(f"--select-measured chooses among per-layer plans and uniform configurations; target "
+                            f"{target} takes one type for every layer: drop --select-measured or use "
+                            "--target sensprof or vllm")
+    if windows < 0 or (seq_len is not None and seq_len < 2):
+        raise SensprofError("--select-measured N takes a number of windows (e.g. 2) and --select-seq-len a length of "
+                            "at least 2 tokens")
+    if seq_len is not None and not windows:
+        raise SensprofError("--select-seq-len needs --select-measured N")
+
+
+def select_or_explain(plan: Plan, profile_dir: str, budget, windows: int, seq_len: int | None, defaulted: bool,
+                      **options) -> Plan:
+    """select_measured(); when the user did not ask for it (the default), a refusal also names the way out."""
+    try:
+        return select_measured(plan, profile_dir, budget, windows, seq_len, **options)
+    except SensprofError as e:
+        if not defaulted or "--select-measured 0" in str(e):
+            raise
+        raise SensprofError(f"{e} (or pass --select-measured 0 to plan by predicted damage alone, without the "
+                            "model)") from None
+
+
 def selection_windows(tokenizer, plan: Plan, windows: int, seq_len: int):
     """(ids, slots): windows of the profile's text that overlap no profiled window."""
     from .data import bos_prefix, overlapping_slots, select_windows
@@ -106,10 +131,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     from .pricing import priced_at
     from .validate import layer_choices, measure, plan_reads, predicted_damage
 
-    if plan.target not in SELECTABLE:
-        raise SensprofError(f"--select-measured chooses among per-layer plans and uniform configurations; target "
-                            f"{plan.target} takes one type for every layer: drop --select-measured or use "
-                            "--target sensprof or vllm")
+    check_select_args(windows, seq_len, plan.target)
     if windows < 1:
         raise SensprofError(f"--select-measured {windows}: pass the number of windows to measure on, e.g. 2")
     profile = load_profile(profile_dir, require_complete=True)

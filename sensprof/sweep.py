@@ -9,6 +9,8 @@ import sys
 from .errors import SensprofError
 from .files import safe_name
 from .plan import make_plan
+from .selection import check_select_args
+from .selection import select_measured as select_measured_plan
 
 
 UNIFORM_CHOICES = ("frontier", "all", "none")
@@ -18,9 +20,12 @@ def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: s
               objective: str = "kl", robust: float = 0.0, vllm_gpu: str | None = None,
               llamacpp_build: str | None = None, context_len: int | None = None, validate: bool = False,
               uniform: str = "frontier", windows: int | None = None, seq_len: int | None = None,
-              model_options: dict | None = None, out: str | None = None, log=print):
-    """Plans at each budget in `out` (default plans/sweep-<model>-<target>) and sweep.csv; with `validate`, each
-    plan and the menu's uniform configurations measured on unseen windows (uniform.csv). Returns (table, out)."""
+              model_options: dict | None = None, out: str | None = None, log=print, select_measured: int = 0,
+              select_seq_len: int | None = None):
+    """Plans at each budget in `out` (default plans/sweep-<model>-<target>) and sweep.csv, each chosen by measured KL
+    on `select_measured` windows as `plan --select-measured` chooses (0: the planner's plans, by prediction); with
+    `validate`, each plan and the menu's uniform configurations measured on unseen windows (uniform.csv). Returns
+    (table, out)."""
     import pandas as pd
 
     from .budget import Budget
@@ -33,13 +38,15 @@ def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: s
     if windows is not None and windows < 1:
         raise SensprofError(f"--windows {windows} is too few; use at least 1, or leave --windows out for as many as "
                             "profiled")
+    check_select_args(select_measured, select_seq_len, target)
     values = parse_list(avg_bits, "--avg-bits", float, "3,4,6")
     budgets = [Budget("avg_bits", b, context_len=context_len) for b in sorted(values)]  # refused before any plan
     profile = load_profile(profile_dir, require_complete=True)
     out = out or os.path.join("plans", f"sweep-{safe_name(profile.meta['model']['id'])}-{target}")
     check_writable(out)
+    model_options = model_options or {}
     with output_lock(out):  # one writer per folder
-        rows, plans = [], []
+        rows, plans, loaded = [], [], None
         for budget in budgets:
             b = budget.value
             try:
@@ -49,12 +56,22 @@ def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: s
                     log(f"--avg-bits {b:g}: infeasible for {target}")
                     continue
                 raise
+            if select_measured:
+                if loaded is None:  # once, for every budget's selection
+                    from .models import load_for_plan
+
+                    loaded = load_for_plan(plan, **model_options)
+                log(f"--avg-bits {b:g}:")
+                plan = select_measured_plan(plan, profile_dir, budget, select_measured, select_seq_len, log=log,
+                                            loaded=loaded)
             path = os.path.join(out, f"plan-{b:g}bits.json")
             plan.save(path)
             plans.append((path, plan))
+            chosen = {"selected": plan.solver.select["chosen"]} if plan.solver.select else {}
             rows.append({"budget_avg_bits": b, "context_len": context_len, "avg_bits": plan.predicted.avg_bits,
                          "fraction_of_bf16": plan.predicted.fraction_of_bf16,
-                         "predicted_damage": plan.predicted.damage, "engine": plan.engine_summary(), "plan": path})
+                         "predicted_damage": plan.predicted.damage, "engine": plan.engine_summary(), **chosen,
+                         "plan": path})
         if not rows:
             raise SensprofError(f"every budget was infeasible for target {target}; try larger --avg-bits")
         df = pd.DataFrame(rows)
@@ -65,12 +82,12 @@ def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: s
             best = min(best, r.predicted_damage)
         df = df.sort_values("avg_bits").assign(frontier=frontier)
         if validate:
-            df = _validate_sweep(df, profile, plans, uniform, windows, seq_len, model_options or {}, out, log)
+            df = _validate_sweep(df, profile, plans, uniform, windows, seq_len, model_options, out, log, loaded)
         atomic_write_text(os.path.join(out, "sweep.csv"), df.to_csv(index=False))
     return df, out
 
 
-def _validate_sweep(df, profile, plans, which, windows, seq_len, model_options, out, log):
+def _validate_sweep(df, profile, plans, which, windows, seq_len, model_options, out, log, loaded=None):
     """Measure each plan and the menu's uniform configurations on unseen windows, and compare (compare_with_uniform)."""
     import pandas as pd
 
@@ -80,7 +97,7 @@ def _validate_sweep(df, profile, plans, which, windows, seq_len, model_options, 
     from .validate import UNIFORM, layer_choices, measure, plan_reads, validation_windows
 
     template = plans[0][1]
-    loaded = load_for_plan(template, **model_options)
+    loaded = loaded or load_for_plan(template, **model_options)
     ids = validation_windows(template, loaded.tokenizer, windows, seq_len)
     by_path = dict(plans)
     configs = {"plan " + os.path.basename(p): by_path[p].layers for p in df.plan}

@@ -147,6 +147,41 @@ def test_sweep_at_a_context_length(menu_run, tmp_path):
         assert plan["predicted"]["avg_bits_at_context"] <= r.budget_avg_bits + 1e-9
 
 
+def test_sweep_selects_each_budgets_plan_by_measurement_as_plan_does(menu_run, tmp_path, capsys):
+    """sweep --select-measured N writes, at each budget, the plan `plan --select-measured N` writes there (the model
+    loaded once, its windows the same), and --validate then measures them."""
+    out = tmp_path / "selected"
+    rc, stdout, err = run_cli(capsys, "sweep", menu_run.profile, "--avg-bits", "3,6", "--select-measured", "1",
+                              "--select-seq-len", "96", "--validate", "--device", "cpu", "--uniform", "none",
+                              "--out", str(out))
+    assert rc == 0, err
+    assert stdout.count("select: measuring") == 2
+    df = pd.read_csv(out / "sweep.csv")
+    assert list(df.budget_avg_bits) == [3, 6] and df.selected.notna().all()
+    for r in df.itertuples():
+        swept = json.loads(open(r.plan).read())
+        select = swept["solver"]["select"]
+        assert select["windows"] == 1 and select["seq_len"] == 96 and select["chosen"] == r.selected
+        alone = tmp_path / f"plan-{r.budget_avg_bits:g}.json"
+        rc, _, err = run_cli(capsys, "plan", menu_run.profile, "--avg-bits", f"{r.budget_avg_bits:g}",
+                             "--select-measured", "1", "--select-seq-len", "96", "--device", "cpu", "--out", str(alone))
+        assert rc == 0, err
+        planned = json.loads(alone.read_text())
+        assert planned["layers"] == swept["layers"] and planned["solver"]["select"] == select
+        assert r.validation_tokens == "2x128"
+    plain = pd.read_csv(os.path.join(menu_run.sweep, "sweep.csv"))
+    assert "selected" not in plain  # without --select-measured: the planner's plans, as before
+
+
+def test_bad_sweep_select(menu_run, capsys):
+    line = one_error_line(*run_cli(capsys, "sweep", menu_run.profile, "--select-seq-len", "64"))
+    assert line.endswith("--select-seq-len needs --select-measured N")
+    line = one_error_line(*run_cli(capsys, "sweep", menu_run.profile, "--target", "sglang", "--avg-bits", "8",
+                                   "--select-measured", "1", "--device", "cpu", "--out", "never"))
+    assert "target sglang takes one type for every layer" in line
+    assert not os.path.exists("never/plan-8bits.json")
+
+
 def test_bad_sweep_uniform(menu_run, capsys):
     rc, out, err = run_cli(capsys, "sweep", menu_run.profile, "--uniform", "some")
     assert "--uniform 'some' is not frontier, all or none" in one_error_line(rc, out, err)
