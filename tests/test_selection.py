@@ -63,6 +63,11 @@ def test_the_plan_is_the_candidate_measured_best(sel, capsys):
     assert plan.predicted.joint_factor_at(1024) == s["joint_factor"]["128"]
     assert "(128 tokens) the per-layer sum; validate's prediction carries it" in out
     assert f"{s['joint_factor']['32']:.2f}x (32 tokens), " in plan.describe()
+    from sensprof.export import memory_comments  # and export's comment beside the command line says it too
+
+    said = memory_comments(plan, 80.0)[-1]
+    assert said.startswith(f"# predicted damage (sum of per-layer kl): {plan.predicted.damage:.3e}; all layers")
+    assert said.endswith(f"measured {plan.predicted.joint_summary()} that sum")
     profile = load_profile(sel.profile)
     configs = {"plan": plan.layers, "other": layer_choices(plan, ("int8_c32", "int8_t32"))}
     fake = {name: {"kl": 0.5, "kl_std": 0.0, "dnll": 0.1, "dppl": 0.2} for name in configs}

@@ -107,7 +107,9 @@ def memory_comments(plan: Plan, gpu_mem_gib: float, fit: bool = True) -> list[st
              f"{s['avg_bits']:.2f} bits/element)"]
     if fit:
         lines.append(f"# in {gpu_mem_gib:g} GiB of KV cache: {n:,} tokens vs {n_bf16:,} at bf16 (+{n - n_bf16:,})")
-    lines.append(f"# predicted damage (sum of per-layer {plan.objective}): {plan.predicted.damage:.3e}")
+    lines.append(f"# predicted damage (sum of per-layer {plan.objective}): {plan.predicted.damage:.3e}"
+                 + (f"; all layers at once measured {plan.predicted.joint_summary()} that sum"
+                    if plan.predicted.joint_factor else ""))
     return lines
 
 
