@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from .data import load_windows, select_windows  # noqa: F401  (part of the API: windows of the built-in text)
 from .errors import SensprofError
 from .models import DEFAULT_MODEL
-from .selection import SELECTABLE, check_select_args, default_select_windows  # noqa: F401  (SELECTABLE: targets plan can choose for)
+from .selection import SELECTABLE  # noqa: F401  (part of the API: the targets plan can choose for)
+from .selection import check_select_args, default_select_windows
 
 
 def _model_options(model=None, device="auto", dtype=None, device_map=None, trust_remote_code=False) -> dict:

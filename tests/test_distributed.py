@@ -114,11 +114,8 @@ def temp_root():
 
 
 def _leftovers(root, within_s=30.0) -> list[str]:
-    import time
-
-    deadline = time.monotonic() + within_s
-    while os.listdir(root) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    """What is still in `root` after waiting up to `within_s` for it to empty."""
+    _wait_until(lambda: not os.listdir(root), within_s)
     return os.listdir(root)
 
 
@@ -202,8 +199,6 @@ def test_a_loaded_model_cannot_go_to_ray(tiny_tokenizer):
 
 def _gone(pids, within_s=60.0) -> list[int]:
     """The pids still running (zombies count as gone) after waiting up to `within_s` for them to end."""
-    import time
-
     psutil = pytest.importorskip("psutil")
 
     def alive(pid):
@@ -212,10 +207,16 @@ def _gone(pids, within_s=60.0) -> list[int]:
         except psutil.Error:
             return False
 
-    deadline = time.monotonic() + within_s
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    _wait_until(lambda: not any(alive(p) for p in pids), within_s)
     return [p for p in pids if alive(p)]
+
+
+def _wait_until(done, within_s: float) -> None:
+    import time
+
+    deadline = time.monotonic() + within_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 # A driver that starts a process tree which ignores SIGTERM (as Ray's agents did), shares its fate, says the pids.

@@ -16,6 +16,11 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from sensprof.runtime.kernels import triton_available
+
+needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 TESTS = Path(__file__).parents[2]  # on the path of the server too: conftest, runtime.kernels.packed, ...
 TIMEOUT_S = 600
 

@@ -13,8 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 from runtime.kernels.packed import LAYOUTS, OCTAVE_PAIRS, rope_tables, store_reads
-from runtime.kernels.interpreter import run_interpreted
-from runtime.kernels.test_triton_kernels import needs_triton
+from runtime.kernels.interpreter import needs_triton, run_interpreted
 
 from sensprof.runtime.kernels import cpu_kernels, dense_read, reference
 

@@ -6,11 +6,7 @@ the interpreter switch must be set before triton is imported.
 """
 
 import pytest
-from runtime.kernels.interpreter import run_interpreted
-
-from sensprof.runtime.kernels import triton_available
-
-needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+from runtime.kernels.interpreter import needs_triton, run_interpreted
 
 
 @needs_triton
