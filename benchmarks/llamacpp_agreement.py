@@ -15,15 +15,14 @@ import time
 
 import torch
 
-from sensprof.artifacts import LayerPlan, LlamacppSettings, Plan
 from sensprof.data import load_windows
-from sensprof.engines.llamacpp.catalog import channel_order, key_scheme, value_scheme
+from sensprof.engine_checks import LLAMACPP_PAIRS, llamacpp_runs
+from sensprof.engines.llamacpp.catalog import channel_order
 from sensprof.engines.run.python import find_engine_python
-from sensprof.models import describe_layers, fingerprint, load_model
-from sensprof.validate_engine import (LLAMACPP_BASELINE, LLAMACPP_DRAWS, LLAMACPP_FLOOR, compare_with_engine,
-                                      llamacpp_run)
+from sensprof.models import load_model
+from sensprof.validate_engine import LLAMACPP_DRAWS, compare_with_engine
 
-PAIRS = "q8_0/q8_0,q5_1/q5_1,q5_0/q5_0,q4_1/q4_1,q4_0/q4_0,q8_0/q4_0,q4_0/q8_0"
+PAIRS = ",".join(f"{k}/{v}" for k, v in LLAMACPP_PAIRS)
 
 
 def main() -> None:
@@ -42,15 +41,8 @@ def main() -> None:
     model = loaded.model
     order = channel_order(type(model).__name__)
     ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=args.seq_len, windows=args.windows, seed=args.seed)
-
-    def plan(k: str, v: str) -> Plan:
-        layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, key_scheme(k, order),
-                            value_scheme(v), 0.0, 0.0, {}) for i in describe_layers(model)]
-        return Plan.hand_made(args.model, fingerprint(model), layers).replace(
-            target="llamacpp", engine=LlamacppSettings(cache_type_k=k, cache_type_v=v, channel_order=order))
-
-    pairs = [p.split("/") for p in args.pairs.split(",")]
-    runs = [LLAMACPP_BASELINE, LLAMACPP_FLOOR] + [llamacpp_run(plan(k, v), f"{k}/{v}") for k, v in pairs]
+    pairs = [tuple(p.split("/")) for p in args.pairs.split(",")]
+    runs = llamacpp_runs(args.model, model, pairs)
     rows = compare_with_engine("llamacpp", find_engine_python("llamacpp"), loaded, ids, runs, "llamacpp_agreement.log",
                                draws=args.draws)
     if args.out:
@@ -60,12 +52,12 @@ def main() -> None:
     print(f"{type(model).__name__}, key order {order}, {args.windows} x {args.seq_len} tokens (seed {args.seed}); "
           f"llama.cpp's floor: KL {rows[0]['engine_floor_kl']:.3e}, dNLL {rows[0]['engine_floor_dnll']:+.4f}")
     print("| -ctk / -ctv | llama.cpp KL | emulated KL, float32 | llama.cpp / float32 | emulated KL, llama.cpp's "
-          "numerics (draws' SD) | llama.cpp / emulated (± SE) | dNLL engine - (float32 emulation + floor) (± SE) | agrees |")
+          "numerics (draws' SD) | llama.cpp / emulated (± SE) | dNLL engine - (float32 emulation + floor) (± noise) | agrees |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| `{r['config']}` | {r['engine_kl']:.3e} | {r['float_emulated_kl']:.3e} | {r['raw_kl_ratio']:.2f} | "
               f"{r['emulated_kl']:.3e} ({r['emulated_kl_draw_sd'] / r['emulated_kl']:.0%}) | "
-              f"{r['kl_ratio']:.2f} ± {r['kl_ratio_se']:.2f} | {r['dnll_diff']:+.4f} ± {r['dnll_diff_se']:.4f} | "
+              f"{r['kl_ratio']:.2f} ± {r['kl_ratio_se']:.2f} | {r['dnll_diff']:+.4f} ± {r['dnll_noise']:.4f} | "
               f"{'yes' if r['agrees'] else 'no'} |")
     print(f"{time.time() - t0:.0f} s")
 

@@ -6,8 +6,8 @@ on the default model, for a second model (or any), printing one row per configur
 Needs vLLM's CPU environment (tools/engines/install.sh). Every fp8 dtype vLLM's CPU backend runs (`fp8`, `fp8`
 with checkpoint scales calibrated on other windows, `fp8_e5m2`), each with every layer quantized and with the
 `--skip` layers kept unquantized, is run in vLLM from a float32 checkpoint of the very weights sensprof loaded and
-emulated with the schemes the vllm target prices it with (sensprof/validate_engine.py: KL within 15%, ΔNLL within
-2 SE, and the per-token ΔNLL correlation where the two baselines agree within float noise)."""
+emulated with the schemes the vllm target prices it with (sensprof/engine_checks.py; the bounds:
+sensprof/validate_engine.py, agreement())."""
 
 from __future__ import annotations
 
@@ -16,15 +16,12 @@ import time
 
 import torch
 
-from sensprof.artifacts import LayerPlan, Plan, VllmSettings
 from sensprof.data import load_windows
+from sensprof.engine_checks import vllm_cpu_runs
 from sensprof.engines.run.python import find_engine_python
-from sensprof.models import describe_layers, fingerprint, load_model
+from sensprof.models import load_model
 from sensprof.profile import kv_absmax
-from sensprof.validate_engine import VLLM_BASELINE, compare_with_engine, vllm_run
-
-CONFIGS = [("fp8", "fp8", "fp8_e4m3_rtz", False), ("fp8 cal", "fp8", "fp8_e4m3_cal_rtz", True),
-           ("fp8_e5m2", "fp8_e5m2", "fp8_e5m2_rtz", False)]
+from sensprof.validate_engine import compare_with_engine
 
 
 def main() -> None:
@@ -44,20 +41,7 @@ def main() -> None:
     cal_ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=256, windows=2, seed=0)
     absmax = kv_absmax(model, cal_ids)
     skip = tuple(int(x) for x in args.skip.split(",") if x)
-
-    def plan(dtype: str, scheme: str, scaled: bool, skipped) -> Plan:
-        layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim,
-                            "none" if i.index in skipped else scheme, "none" if i.index in skipped else scheme,
-                            0.0, 0.0, absmax[i.index]) for i in describe_layers(model)]
-        settings = VllmSettings(needs_scales=scaled, kv_cache_dtype=dtype, k_scheme=scheme, v_scheme=scheme,
-                                skip_layers=tuple(skipped), vllm_gpu="cpu")
-        return Plan.hand_made(args.model, fingerprint(model), layers).replace(target="vllm", engine=settings)
-
-    runs = [VLLM_BASELINE]
-    for name, dtype, scheme, scaled in CONFIGS:
-        for skipped in ((), skip) if skip else ((),):
-            label = name + (" skip" if skipped else "")
-            runs.append(vllm_run(plan(dtype, scheme, scaled, skipped), "cpu", label))
+    runs = vllm_cpu_runs(args.model, model, absmax, skip)
     rows = compare_with_engine("vllm", find_engine_python("vllm"), loaded, ids, runs, "vllm_cpu_agreement.log")
     if args.out:
         import pandas as pd
@@ -65,12 +49,12 @@ def main() -> None:
         pd.DataFrame(rows).to_csv(args.out, index=False)
     print(f"{type(model).__name__}, {args.windows} x {args.seq_len} tokens (seed {args.seed}), skip {list(skip)}; "
           f"engine {rows[0]['engine']}")
-    print("| config | engine KL | emulated KL | engine / emulated (± SE) | dNLL engine - emulation (± SE) | "
+    print("| config | engine KL | emulated KL | engine / emulated (± SE) | dNLL engine - emulation (± noise) | "
           "per-token dNLL corr (demanded) | agrees |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['config']} | {r['engine_kl']:.3e} | {r['emulated_kl']:.3e} | {r['kl_ratio']:.2f} ± "
-              f"{r['kl_ratio_se']:.2f} | {r['dnll_diff']:+.4f} ± {r['dnll_diff_se']:.4f} | {r['dnll_corr']:.2f} "
+              f"{r['kl_ratio_se']:.2f} | {r['dnll_diff']:+.4f} ± {r['dnll_noise']:.4f} | {r['dnll_corr']:.2f} "
               f"({'yes' if r['corr_applies'] else 'no'}) | {'yes' if r['agrees'] else 'no'} |")
     print(f"{time.time() - t0:.0f} s")
 

@@ -20,13 +20,13 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "sensprof")
 # entry that a module's name starts with wins).
 LAYERS = [
     ["errors", "constants"],
-    ["files", "specs", "gguf_files"],  # gguf_files: a GGUF file parsed once (models and engines.llamacpp read it)
+    ["files", "specs", "gguf_files", "reaper"],  # reaper: what sensprof starts dies with it; gguf_files: a GGUF file parsed once (models and engines.llamacpp read it)
     ["engines"],  # what serving engines store: catalogs as data (no torch) and emulations; schemes.py asks them
     ["", "schemes", "memory", "scheme_tables", "budget", "pricing", "rope", "rotation", "data", "quant", "screen",
      "metrics"],
     ["artifacts", "targets", "planner", "table", "models", "hub"],
     ["hooks", "taps", "outputs", "suffix", "plan", "export"],
-    ["profile", "validate", "validate_engine", "selection", "refine", "sweep", "summary", "runtime", "evaluate", "report"],
+    ["profile", "validate", "validate_engine", "engine_checks", "selection", "refine", "sweep", "summary", "runtime", "evaluate", "report"],
     ["distributed"],  # sensprof profile --ray: runs sensprof.profile's cells on Ray workers
     ["api"],
     ["cli", "cli_args", "__main__"],

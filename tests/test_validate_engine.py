@@ -4,6 +4,7 @@ line (engines missing, a plan for another platform or target, a model llama.cpp 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
@@ -17,7 +18,8 @@ from sensprof.engines.run.process import last_error, run_job
 from sensprof.engines.run.python import find_engine_python
 from sensprof.errors import SensprofError
 from sensprof.models import fingerprint
-from sensprof.validate_engine import (TokenDamage, agreement, gguf_path, llamacpp_run, vllm_run)
+from sensprof.validate_engine import (FALSE_ALARM, TokenDamage, agreement, family_z, gguf_path, llamacpp_run,
+                                      vllm_run)
 from test_evaluate import _plan
 
 
@@ -94,11 +96,13 @@ def test_agreement_with_draws_of_the_engines_numerics():
     floor = _damage(0.8 * d, shift, base)
     eng = _damage(1.05 * d, d + shift + noise, base)
     m = float(d.mean())
-    drawn = dataclasses.replace(_damage(d, 3 * (d + shift), base), draws_kl=(0.9 * m, 1.1 * m), draws_dnll=(0.0, 0.1),
+    draws_kl, draws_dnll = (0.9 * m, 1.1 * m) * 4, (0.0, 0.002) * 4  # eight draws, as LLAMACPP_DRAWS
+    drawn = dataclasses.replace(_damage(d, 3 * (d + shift), base), draws_kl=draws_kl, draws_dnll=draws_dnll,
                                 float_kl=0.5 * m, float_dnll=d)
     row = agreement(eng, drawn, floor)
     assert row["kl_ratio"] == pytest.approx(1.05) and row["raw_kl_ratio"] == pytest.approx(2.1) and row["kl_agrees"]
-    assert row["numerics_draws"] == 2 and row["emulated_kl_draw_sd"] == pytest.approx(0.2 * m / 2 ** 0.5)
+    sd_kl, sd_dnll = (float(torch.tensor(x, dtype=torch.float64).std()) for x in (draws_kl, draws_dnll))
+    assert row["numerics_draws"] == 8 and row["emulated_kl_draw_sd"] == pytest.approx(sd_kl)
     tokens_only = float((eng.kl - d).std()) / 800 ** 0.5
     assert row["kl_ratio_se"] == pytest.approx((tokens_only ** 2 + row["emulated_kl_draw_sd"] ** 2) ** 0.5 / m)
     assert row["engine_floor_kl"] == pytest.approx(0.8 * m) and row["emulated_kl"] == pytest.approx(m)  # not added
@@ -106,6 +110,8 @@ def test_agreement_with_draws_of_the_engines_numerics():
     assert row["emulated_dnll"] == pytest.approx(m) and row["numerics_dnll"] == pytest.approx(3 * (m + float(shift.mean())))
     assert row["dnll_diff"] == pytest.approx(float(noise.mean())) and row["dnll_agrees"] and row["agrees"]
     assert row["dnll_diff_se"] == pytest.approx(float(noise.std()) / 800 ** 0.5)
+    # the engine's run and its floor's are two draws of llama.cpp's numerics
+    assert row["dnll_noise"] == pytest.approx((row["dnll_diff_se"] ** 2 + 2 * sd_dnll ** 2) ** 0.5)
     # without the floor's dNLL the engine's is far off
     assert not agreement(eng, drawn)["dnll_agrees"]
     # an emulation without draws (vLLM): compared as it is
@@ -223,4 +229,165 @@ def test_engine_table_shows_the_ratio_with_its_noise():
     assert "mean of 2 draws" in lines[2]
     plain = agreement(_damage(1.1 * d, d, base), _damage(d, d, base))  # vLLM: no numerics columns
     lines = format_engine_table(pd.DataFrame([{"config": "plan", "predicted_kl": 0.01, **plain}])).splitlines()
-    assert "f32 KL" not in lines[0] and len(lines) == 2
+    assert "f32 KL" not in lines[0] and len(lines) == 3
+    assert lines[2].startswith("agrees:") and "1 rows judged at once, 1% false alarms" in lines[2]
+
+
+def test_the_noise_bounds_are_family_wise():
+    """z grows with the rows judged at once (Bonferroni over two bounds a row at FALSE_ALARM): a difference of
+    3 standard errors is a disagreement in one row alone, noise among seven."""
+    from statistics import NormalDist
+
+    assert family_z(1) == pytest.approx(NormalDist().inv_cdf(1 - FALSE_ALARM / 4))
+    assert family_z(1) < family_z(2) < family_z(7) < family_z(14) < 4
+    g = torch.Generator().manual_seed(3)
+    d = torch.rand(2, 400, generator=g, dtype=torch.float64) * 0.01
+    base = torch.rand(2, 400, generator=g, dtype=torch.float64)
+    noise = torch.randn(2, 400, generator=g, dtype=torch.float64) * 1e-3
+    noise = noise - noise.mean() + 3 * float(noise.std()) / 800 ** 0.5  # a mean difference of 3 SE exactly
+    emu = _damage(d, d, base)
+    assert not agreement(_damage(d, d + noise, base), emu)["dnll_agrees"]
+    row = agreement(_damage(d, d + noise, base), emu, family=7)
+    assert row["dnll_agrees"] and row["family"] == 7 and row["z"] == pytest.approx(family_z(7))
+
+
+def test_the_emulations_draw_spread_joins_the_dnll_noise():
+    """vLLM: the emulation is the mean of several draws of this machine's numerics; what one draw's mean dNLL moves
+    from draw to draw (and so from machine to machine) widens the bound by (1 + 1/draws) of its variance, so a
+    machine whose one draw lands elsewhere still agrees, while a difference beyond that spread does not."""
+    g = torch.Generator().manual_seed(4)
+    d = torch.rand(2, 400, generator=g, dtype=torch.float64) * 0.01
+    base = torch.rand(2, 400, generator=g, dtype=torch.float64)
+    noise = torch.randn(2, 400, generator=g, dtype=torch.float64) * 1e-3
+    eng = _damage(d, d + noise + 0.005, base)  # 0.005 off: ~70 paired SE, within the draws' spread below
+    tight = agreement(eng, _damage(d, d, base))
+    assert not tight["dnll_agrees"] and tight["emulation_draws"] == 0
+    spread = (0.0, 0.004, 0.008, 0.004)
+    drawn = dataclasses.replace(_damage(d, d, base), draws_kl=(float(d.mean()),) * 4, draws_dnll=spread)
+    row = agreement(eng, drawn)
+    sd = float(torch.tensor(spread).std())
+    assert row["emulated_dnll_draw_sd"] == pytest.approx(sd) and row["emulation_draws"] == 4
+    assert row["numerics_draws"] == 0  # not llama.cpp's numerics: the report's columns stay vLLM's
+    assert row["dnll_noise"] == pytest.approx((row["dnll_diff_se"] ** 2 + 1.25 * sd ** 2) ** 0.5)
+    assert row["dnll_agrees"] and row["agrees"]
+    assert not agreement(_damage(d, d + noise + 0.05, base), drawn)["dnll_agrees"]  # ten times further: no
+
+
+def test_the_kl_bound_is_its_tolerance_or_its_noise():
+    """KL within 15%, or within z standard errors of the ratio where its noise is wider; twice the damage fails
+    either way."""
+    g = torch.Generator().manual_seed(5)
+    d = torch.rand(2, 400, generator=g, dtype=torch.float64) * 0.01
+    base = torch.rand(2, 400, generator=g, dtype=torch.float64)
+    quiet = agreement(_damage(1.1 * d, d, base), _damage(d, d, base))
+    assert quiet["kl_bound"] == pytest.approx(0.15) and quiet["kl_agrees"]
+    noisy_kl = d * (1 + torch.randn(2, 400, generator=g, dtype=torch.float64) * 6)  # per-token KL all over the place
+    noisy = agreement(_damage(noisy_kl.abs(), d, base), _damage(d, d, base))
+    assert noisy["kl_bound"] == pytest.approx(noisy["z"] * noisy["kl_ratio_se"]) and noisy["kl_bound"] > 0.15
+    assert not agreement(_damage(2 * d, d, base), _damage(d, d, base), family=14)["kl_agrees"]
+
+
+def test_false_alarms_stay_below_the_family_rate_when_engine_and_emulation_agree():
+    """Simulated checks of seven rows where the engine is one more draw of what the emulation averages (per-token
+    noise and a draw-to-draw shift of the mean): the share of checks with any row out stays near FALSE_ALARM, while
+    the old rule (2 SE of the paired difference alone) fails most of them."""
+    g = torch.Generator().manual_seed(6)
+    checks, rows, draws = 300, 7, 4
+    new_alarms = old_alarms = 0
+    for _ in range(checks):
+        new_any = old_any = False
+        for _ in range(rows):
+            d = torch.rand(2, 200, generator=g, dtype=torch.float64) * 0.1
+            base = torch.rand(2, 200, generator=g, dtype=torch.float64)
+            shifts = torch.randn(draws + 1, generator=g, dtype=torch.float64) * 2e-3  # each draw's own mean shift
+            tok = lambda: torch.randn(2, 200, generator=g, dtype=torch.float64) * 2e-3  # noqa: E731
+            emu_draws = [d + tok() + shifts[i] for i in range(draws)]
+            eng = _damage(d * (1 + 0.02 * torch.randn(1, generator=g).item()), d + tok() + shifts[draws], base)
+            emu = dataclasses.replace(_damage(d, torch.stack(emu_draws).mean(0), base),
+                                      draws_kl=tuple(float(d.mean()) for _ in range(draws)),
+                                      draws_dnll=tuple(float(x.mean()) for x in emu_draws))
+            row = agreement(eng, emu, family=rows)
+            new_any |= not row["agrees"]
+            old_any |= abs(row["dnll_diff"]) > 2 * row["dnll_diff_se"]
+        new_alarms += new_any
+        old_alarms += old_any
+    print(f"false alarms: {new_alarms}/{checks} checks; the old rule {old_alarms}/{checks}")
+    assert new_alarms / checks <= 3 * FALSE_ALARM
+    assert old_alarms / checks > 0.5
+
+
+def test_an_fp8_plan_on_a_cpu_without_avx512_is_refused_by_a_documented_switch(model, tmp_path):
+    """The one place the engine checks depend on the CPU: vLLM's CPU backend stores fp8 only with AVX-512 or AMX;
+    without, validate refuses in one line (and the engine tests skip with the same reason)."""
+    from sensprof.engines.run.python import EnginePython
+    from sensprof.validate_engine import check_engine_for_plan, cpu_has_fp8
+
+    def fake(avx512: int):
+        py = tmp_path / f"python-{avx512}"
+        py.write_text(f'#!/bin/sh\ncase "$2" in *avx512*) echo {avx512} ;; *) echo cpu ;; esac\n')
+        py.chmod(0o755)
+        return EnginePython("vllm", str(py), "0.32.0")
+
+    assert cpu_has_fp8(fake(1)) and not cpu_has_fp8(fake(0))
+    assert [r.name for r in check_engine_for_plan("vllm", vllm_plan(model), fake(1))] == ["engine baseline", "plan"]
+    with pytest.raises(SensprofError, match="fp8 cache only on x86 with AVX-512 or AMX, which this CPU lacks"):
+        check_engine_for_plan("vllm", vllm_plan(model), fake(0))
+
+
+def _fake_engine(tmp_path, body: str):
+    """An 'engine Python' that runs `body` with the runner's job (dict `job`) instead of a runner."""
+    py = tmp_path / "fake-python"
+    py.write_text(f"#!{sys.executable}\nimport json, sys\njob = json.load(open(sys.argv[2]))\n{body}\n")
+    py.chmod(0o755)
+    from sensprof.engines.run.python import EnginePython
+
+    return EnginePython("llamacpp", str(py), "fake 0")
+
+
+@pytest.mark.parametrize("body, message", [
+    ("pass", "exited without writing its output llamacpp.json"),
+    ("open(job['out'], 'wb').write(b'\\x00garbage')", "is not what its runner writes \\(UnicodeDecodeError|JSONDecode"),
+    ("json.dump({'configs': {}}, open(job['out'], 'w'))", "lacks the figures of 'engine baseline'"),
+])
+def test_an_engine_output_that_is_missing_or_garbage_is_one_line(tmp_path, body, message):
+    from sensprof.validate_engine import LLAMACPP_BASELINE, run_llamacpp
+
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(SensprofError, match=message):
+        run_llamacpp(_fake_engine(tmp_path, body), "m.gguf", [LLAMACPP_BASELINE], torch.zeros(1, 4, dtype=torch.long),
+                     str(work), str(tmp_path / "engine.log"))
+
+
+class _Payload:
+    def __reduce__(self):
+        return (open, (os.environ["SENSPROF_TEST_MARKER"], "w"))
+
+
+def test_an_engine_output_can_never_run_code(tmp_path, monkeypatch):
+    """vLLM's output is a torch file: read with weights_only, a pickle that would run code is refused unrun."""
+    from sensprof.validate_engine import read_engine_output
+
+    marker = tmp_path / "ran"
+    monkeypatch.setenv("SENSPROF_TEST_MARKER", str(marker))
+    path = tmp_path / "run0.pt"
+    torch.save({"hidden": torch.zeros(1, 2, 3), "evil": _Payload()}, path)
+    with pytest.raises(SensprofError, match=r"run0.pt is not what its runner writes \(UnpicklingError\)"):
+        read_engine_output("vllm", str(path))
+    assert not marker.exists()
+    torch.save({"hidden": torch.zeros(1, 2, 3), "layers": [{"name": "a", "k_scale": 1.0}], "vllm_version": "0"}, path)
+    assert read_engine_output("vllm", str(path))["hidden"].shape == (1, 2, 3)
+
+
+def test_engine_python_without_an_engine_and_a_wrong_env_python_are_one_line(capsys, tmp_path, monkeypatch):
+    """--engine-python without --engine was ignored, and $SENSPROF_VLLM_PYTHON naming a missing interpreter was
+    skipped for another without a word."""
+    line = one_error_line(*run_cli(capsys, "validate", str(tmp_path / "p.json"), "--engine-python", sys.executable))
+    assert "--engine-python names the Python that runs an engine, and no --engine was given" in line
+    monkeypatch.setenv("SENSPROF_VLLM_PYTHON", str(tmp_path / "no-python"))
+    with pytest.raises(SensprofError, match=r"\$SENSPROF_VLLM_PYTHON names .*no-python, which does not exist"):
+        find_engine_python("vllm")
+    monkeypatch.setenv("SENSPROF_VLLM_PYTHON", sys.executable)  # a Python without vLLM
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(SensprofError, match=r"\$SENSPROF_VLLM_PYTHON names .* which cannot import vllm"):
+            find_engine_python("vllm")

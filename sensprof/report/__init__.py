@@ -187,7 +187,8 @@ def _engine_sections(path: str, stem: str) -> list[Section]:
         df = data.read_engine_check(csv)
         fig = plots.engine_check(df, f"Plan {stem} in {engine}: the running engine vs sensprof's emulation")
         bad = df[~df.agrees]
-        note = None if bad.empty else ("Outside the agreement bounds (KL within 15%, mean dNLL within 2 SE): "
+        note = None if bad.empty else ("Outside the agreement bounds (KL within 15% or its noise, mean dNLL within its noise, family-wise "
+                                       "at 1% false alarms; docs/engines.md): "
                                        + ", ".join(f"{r.config} @ {r.seq_len}" for r in bad.itertuples()))
         out.append(Section(
             f"Plan {stem}: checked in {engine}",

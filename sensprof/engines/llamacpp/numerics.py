@@ -11,8 +11,7 @@ That rounding makes llama.cpp's model respond to a cache error more than the flo
 anywhere flips some activation codes, and the flips travel on. It is why llama.cpp measures a `q8_0` cache at ~10x
 its float32 emulation, and why its f32 cache read along another path ("the floor") measures as much. Which codes
 flip depends on the exact values, so one run is one draw: `realization` > 0 moves every activation by a relative
-1e-6 before its rounding (seeded), giving another draw of the same numerics; the spread of a few draws is the
-noise of any one measurement, the engine's included.
+1e-6 before its rounding (engines/draws.py), giving another draw of the same numerics.
 """
 
 from __future__ import annotations
@@ -21,13 +20,13 @@ from contextlib import contextmanager
 
 import torch
 
+from ..draws import Dither
 from .query import quantize_query_q8
 
 # ggml type -> what its matmul does to the activation: a q8 block size, a float type, or None (kept float32)
 VEC_DOT = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "Q8_1": 32, "IQ4_NL": 32,
            "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "Q8_K": 256, "IQ4_XS": 256,
            "F32": None, "F16": torch.float16, "BF16": torch.bfloat16}
-DITHER = 1e-6
 
 
 def quantize_q8_k(x: torch.Tensor) -> torch.Tensor:
@@ -93,26 +92,12 @@ def matmul_roundings(model, gguf_path: str) -> dict[str, object]:
     return out
 
 
-class _Dither:
-    """Seeded relative noise for realization r > 0: the same draw for the same call sequence."""
-
-    def __init__(self, realization: int):
-        self.realization, self.calls = realization, 0
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.realization:
-            return x
-        self.calls += 1
-        g = torch.Generator().manual_seed(self.realization * 1_000_003 + self.calls)
-        return x * (1 + DITHER * torch.randn(x.shape, generator=g, dtype=torch.float32).to(x.device, x.dtype))
-
-
 @contextmanager
 def llamacpp_numerics(model, gguf_path: str, realization: int = 0):
     """Within: `model` rounds every matmul input as llama.cpp does with this GGUF (the LM head's through the
     decoder's final norm, whose output is what the head multiplies)."""
     roundings = matmul_roundings(model, gguf_path)
-    dither = _Dither(realization)
+    dither = Dither(realization)
     modules = dict(model.named_modules())
     handles = []
 

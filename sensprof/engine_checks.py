@@ -1,0 +1,57 @@
+"""The configurations an engine check runs, as plans with the schemes sensprof emulates them with: every KV dtype
+vLLM's CPU backend serves (with every layer quantized, and with fragile layers kept) and llama.cpp's cache pairs.
+The engine tests (tests/engines/test_engine_agreement.py) and the agreement benchmarks run these same lists, and
+a deliberately wrong emulation of each (round to nearest where vLLM's CPU backend rounds toward zero; K and V types
+swapped for llama.cpp) shows that the agreement bounds still catch a real disagreement."""
+
+from __future__ import annotations
+
+from .artifacts import LayerPlan, LlamacppSettings, Plan, VllmSettings
+from .validate_engine import LLAMACPP_BASELINE, LLAMACPP_FLOOR, VLLM_BASELINE, EngineRun, llamacpp_run, vllm_run
+
+# (name, --kv-cache-dtype, scheme, checkpoint scales)
+VLLM_CPU_CONFIGS = (("fp8", "fp8", "fp8_e4m3_rtz", False), ("fp8 cal", "fp8", "fp8_e4m3_cal_rtz", True),
+                    ("fp8_e5m2", "fp8_e5m2", "fp8_e5m2_rtz", False))
+LLAMACPP_PAIRS = (("q8_0", "q8_0"), ("q5_1", "q5_1"), ("q5_0", "q5_0"), ("q4_1", "q4_1"), ("q4_0", "q4_0"),
+                  ("q8_0", "q4_0"), ("q4_0", "q8_0"))
+
+
+def uniform_plan(model_id: str, model, k: str, v: str, skip=(), absmax=None) -> Plan:
+    """A hand-made plan: (k, v) on every layer but `skip`, with each layer's calibration from `absmax`."""
+    from .models import describe_layers, fingerprint
+
+    layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, "none" if i.index in skip else k,
+                        "none" if i.index in skip else v, 0.0, 0.0, absmax[i.index] if absmax else {})
+              for i in describe_layers(model)]
+    return Plan.hand_made(model_id, fingerprint(model), layers)
+
+
+def vllm_cpu_runs(model_id: str, model, absmax, skip=(), round_to_nearest: bool = False) -> list[EngineRun]:
+    """vLLM's baseline, then each VLLM_CPU_CONFIGS dtype on every layer and (with `skip`) with those layers kept.
+    round_to_nearest: emulated with the GPUs' rounding, which the CPU backend does not do (a wrong emulation)."""
+    runs = [VLLM_BASELINE]
+    for name, dtype, scheme, scaled in VLLM_CPU_CONFIGS:
+        emulated = scheme.removesuffix("_rtz") if round_to_nearest else scheme
+        for kept in ((), tuple(skip)) if skip else ((),):
+            settings = VllmSettings(needs_scales=scaled, kv_cache_dtype=dtype, k_scheme=emulated, v_scheme=emulated,
+                                    skip_layers=kept, vllm_gpu="cpu")
+            plan = uniform_plan(model_id, model, emulated, emulated, kept, absmax).replace(target="vllm",
+                                                                                           engine=settings)
+            runs.append(vllm_run(plan, "cpu", name + (" skip" if kept else "")))
+    return runs
+
+
+def llamacpp_runs(model_id: str, model, pairs=LLAMACPP_PAIRS, swap: bool = False) -> list[EngineRun]:
+    """llama.cpp's baseline and floor, then each -ctk/-ctv pair with the schemes the llamacpp target prices it with
+    (keys in the GGUF's channel order). swap: each pair emulated with its K and V types exchanged (a wrong
+    emulation; the run keeps the engine's name and settings)."""
+    from .engines.llamacpp.catalog import channel_order, key_scheme, value_scheme
+
+    order = channel_order(type(model).__name__)
+    runs = [LLAMACPP_BASELINE, LLAMACPP_FLOOR]
+    for k, v in pairs:
+        ek, ev = (v, k) if swap else (k, v)
+        plan = uniform_plan(model_id, model, key_scheme(ek, order), value_scheme(ev)).replace(
+            target="llamacpp", engine=LlamacppSettings(cache_type_k=k, cache_type_v=v, channel_order=order))
+        runs.append(llamacpp_run(plan, f"{k}/{v}"))
+    return runs
