@@ -16,6 +16,7 @@ import socket
 import time
 
 from .errors import SensprofError
+from .reaper import fate_share
 
 EXIT_HOOK = "SENSPROF_TEST_WORKER_EXIT"  # tests: the first worker to remove this file exits at its next shard
 CONNECT_TIMEOUT_S = 5.0
@@ -90,74 +91,6 @@ def disconnect(ray, temp_dir: str | None) -> None:
     ray.shutdown()
     if temp_dir:
         shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-# Run by a small process of its own: it keeps a list of the processes given as PID:START-TIME and all their
-# descendants (Ray's dashboard and runtime-env agents, its workers: they outlive their parent raylet), refreshed
-# every second until EOF on stdin (the driver's end of a pipe closes when the driver exits, kill -9 included);
-# then it SIGKILLs every one of them still running, skipping any PID since reused by another process, and, once
-# they are gone, removes the folders given as RM:PATH.
-_REAPER = """
-import os, select, shutil, sys
-import psutil
-roots, known, folders = [], {}, []
-for arg in sys.argv[1:]:
-    if arg.startswith("RM:"):
-        folders.append(arg[3:])
-        continue
-    pid, _, start = arg.partition(":")
-    try:
-        p = psutil.Process(int(pid))
-        if abs(p.create_time() - float(start)) < 1e-3:
-            roots.append(p)
-    except psutil.Error:
-        pass
-while True:
-    for root in roots:
-        try:
-            for p in [root, *root.children(recursive=True)]:
-                known.setdefault(p.pid, p)
-        except psutil.Error:
-            pass
-    if select.select([0], [], [], 1.0)[0] and not os.read(0, 4096):
-        break
-for p in known.values():
-    try:
-        p.kill()  # psutil checks the PID still names the process it saw
-    except psutil.Error:
-        pass
-psutil.wait_procs(list(known.values()), timeout=30)
-for folder in folders:
-    shutil.rmtree(folder, ignore_errors=True)
-"""
-_reaper_pipes: list[int] = []  # the driver's write ends, held open for the life of the process
-
-
-def fate_share(pids, remove: str = "") -> None:
-    """Make the processes `pids` (and their descendants) die with this process, however it ends: a reaper
-    process kills them when this process's end of a pipe closes, then removes the folder `remove` (theirs). A
-    normal exit has shut them down and removed it already."""
-    import subprocess
-    import sys
-
-    import psutil
-
-    args = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            args.append(f"{pid}:{psutil.Process(pid).create_time()!r}")
-    if not args:
-        return
-    if remove:
-        args.append(f"RM:{remove}")
-    read, write = os.pipe()
-    try:
-        subprocess.Popen([sys.executable, "-c", _REAPER, *args], stdin=read, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
-    finally:
-        os.close(read)
-    os.set_inheritable(write, False)
-    _reaper_pipes.append(write)
 
 
 def _fate_share_with_ray(ray, temp_dir: str) -> None:

@@ -222,7 +222,7 @@ def _wait_until(done, within_s: float) -> None:
 # A driver that starts a process tree which ignores SIGTERM (as Ray's agents did), shares its fate, says the pids.
 FATE_DRIVER = """
 import subprocess, sys, time
-from sensprof.distributed import fate_share
+from sensprof.reaper import fate_share
 stubborn = "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \\
            "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, " \\
            "signal.SIG_IGN); time.sleep(600)']); time.sleep(600)"

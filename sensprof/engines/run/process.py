@@ -3,13 +3,16 @@ with a JSON job; a failure becomes one line holding the engine's own last error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 
 from ...errors import SensprofError
 from ...files import atomic_write_text
+from ...reaper import fate_share
 
 RUNNERS = {"vllm": "vllm_runner.py", "llamacpp": "llamacpp_runner.py"}
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|Killed|Segmentation fault|out of memory)", re.I)
@@ -37,21 +40,41 @@ def run_job(engine: str, python: str, job: dict, workdir: str, log_path: str, ti
     env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=temp)
     env.pop("PYTHONPATH", None)  # the engine's environment, not sensprof's
     with open(run_log, "w") as log:
-        try:
-            r = subprocess.run([python, script, job_path], stdout=log, stderr=subprocess.STDOUT, env=env,
-                               timeout=timeout, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise SensprofError(f"{engine} did not finish within {timeout:.0f} s; use fewer or shorter windows "
-                                "(--windows, --seq-len)") from None
-    if r.returncode != 0:
+        returncode = _run_in_own_group([python, script, job_path], log, env, timeout, engine, workdir)
+    if returncode != 0:
         errors = [open(p).read().strip() for p in _error_files(job)]
         with open(run_log, errors="replace") as f:
             text = f.read()
         atomic_write_text(log_path, text)
         why = errors[-1] if errors else last_error(text)
-        if r.returncode < 0:
-            why = f"{why} (the process was killed by signal {-r.returncode})"
+        if returncode < 0:
+            why = f"{why} (the process was killed by signal {-returncode})"
         raise SensprofError(f"{engine} failed: {why}; its full log: {log_path}")
+
+
+def _run_in_own_group(cmd: list[str], log, env: dict, timeout: float | None, engine: str, workdir: str) -> int:
+    """Run the engine in a session of its own and end the whole group on every way out (its engine-core
+    processes included): a time-out, Ctrl-C, SIGTERM; a reaper does the same, and removes `workdir`, if sensprof
+    itself is killed (kill -9)."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    reaper = fate_share([proc.pid], remove=workdir)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SensprofError(f"{engine} did not finish within {timeout:.0f} s; use fewer or shorter windows "
+                            "(--windows, --seq-len)") from None
+    finally:
+        _end_group(proc)
+        reaper.release()
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL whatever is left of the engine's process group (its runner, vLLM's engine core), and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
 
 
 def _error_files(job: dict) -> list[str]:
