@@ -225,11 +225,42 @@ class Plan:
             check_absmax(p.absmax, f"plan {path!r} (layer {p.layer})",
                          "re-profile into a new --out and re-plan (calibration with NaN or negative absmax makes "
                          "NaN scales)")
+        self._check_fields(path, redo)
         want = self.predicted.bf16_bytes_per_token
         have = sum(2 * p.kv_heads * p.head_dim for p in self.layers) * MODEL_BITS / 8
         if isinstance(want, (int, float)) and abs(want - have) > 1e-9 * max(have, 1.0):
             raise SensprofError(f"plan {path!r} lists {len(self.layers)} layers holding {have:,.0f} bf16 bytes per "
                                 f"token, but it was planned for {want:,.0f}; its layer list was edited: {redo}")
+
+    def _check_fields(self, path: str, redo: str) -> None:
+        """Every field a command prints or acts on, of its type and in its range (a hand-edited plan once exported
+        --kv-cache-dtype-skip-layers 999 for a 3-layer model and printed a NaN prediction)."""
+        def number(x) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+        p = self.predicted
+        if not number(p.damage) or (p.objective == "kl" and p.damage < 0):
+            raise SensprofError(f"plan {path!r} predicts {p.objective} {p.damage!r}, not a finite"
+                                f"{' non-negative' if p.objective == 'kl' else ''} number; {redo}")
+        if p.joint_factor is not None:
+            items = p.joint_factor.items() if isinstance(p.joint_factor, dict) else [(None, None)]
+            for n, f in items:
+                if not (isinstance(n, str) and n.isdigit() and int(n) > 0 and number(f) and 0 <= f < 1e6):
+                    raise SensprofError(f"plan {path!r} holds a joint factor {f!r} at {n!r} tokens, not a non-negative "
+                                        f"factor per length; {redo}")
+        n = len(self.layers)
+        for field in ("skip_layers", "forced_skip_layers"):
+            layers = getattr(self.engine, field, ())
+            if not isinstance(layers, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n
+                                                        for i in layers) or len(set(layers)) != len(layers):
+                raise SensprofError(f"plan {path!r} lists engine {field} {list(layers) if isinstance(layers, tuple) else layers!r}, "
+                                    f"not distinct layers of its {n}; {redo}")
+        select = self.solver.select
+        if select is not None:
+            want = {"chosen": str, "uniform_won": bool, "windows": int, "seq_len": int, "candidates": list}
+            if not isinstance(select, dict) or any(not isinstance(select.get(k), t) for k, t in want.items()):
+                raise SensprofError(f"plan {path!r} holds a selection record that is not one `plan --select-measured` "
+                                    f"writes; {redo}")
 
     def check_model(self, fingerprint: str, model: str,
                     fix: str = "pass the profiled model with --model or re-plan") -> None:

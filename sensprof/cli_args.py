@@ -13,6 +13,13 @@ class Parser(argparse.ArgumentParser):
         raise SensprofError(f"{message}; see `{self.prog} --help`")
 
 
+def path_arg(value: str) -> str:
+    """Every path the command line takes: an empty one would name the current folder (or nothing) silently."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path names no file or folder; pass a name (e.g. ./out)")
+    return value
+
+
 DEVICE_HELP = "cpu, cuda, cuda:N or auto (default: cuda if available)"
 
 
@@ -42,7 +49,7 @@ def _add_engine_args(p, llamacpp=False):
 
 def _add_text_args(p, seq_len=256, windows=2, lengths=False,
                    text_help="plain-text or JSONL ({\"text\": ...}) file; repeatable (default: Python's pydoc topics)"):
-    p.add_argument("--text", action="append", metavar="FILE", help=text_help)
+    p.add_argument("--text", type=path_arg, action="append", metavar="FILE", help=text_help)
     if lengths:
         p.add_argument("--seq-len", default=str(seq_len),
                        help=f"tokens per window (default {seq_len}); a list such as 256,1024,4096 profiles each length "
@@ -87,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "cached token read quantized, as vLLM, SGLang and llama.cpp read it); default: the --target's, "
                         "else streaming")
     p.add_argument("--layers", default=None, help="subset of layers, e.g. 0-11 or 0,5,7-9 (default: all)")
-    p.add_argument("--out", default=None, help="output directory (default: profiles/<model>); re-running resumes")
+    p.add_argument("--out", type=path_arg, default=None, help="output directory (default: profiles/<model>); re-running resumes")
     p.add_argument("--variants-per-pass", type=int, default=1,
                    help="schemes evaluated together in one batched forward (raise on a GPU; default 1)")
     p.add_argument("--naive", action="store_true",
@@ -105,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
 
     m = sub.add_parser("merge", help="join profiles of the same model/settings computed for different layers")
-    m.add_argument("dirs", nargs="+", help="profile directories")
-    m.add_argument("--out", required=True, help="directory for the merged profile")
+    m.add_argument("dirs", nargs="+", type=path_arg, help="profile directories")
+    m.add_argument("--out", type=path_arg, required=True, help="directory for the merged profile")
 
     def add_budget(q):
         q.add_argument("--avg-bits", type=float, default=None,
@@ -123,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "windows and incomplete groups at 16 bits; default: the long-context average)")
 
     pl = sub.add_parser("plan", help="choose each layer's K and V scheme under a memory budget (integer program)")
-    pl.add_argument("profile_dir", help="directory written by `sensprof profile`")
+    pl.add_argument("profile_dir", type=path_arg, help="directory written by `sensprof profile`")
     add_budget(pl)
     pl.add_argument("--target", default="sensprof", help="sensprof (default) | vllm | sglang | llamacpp")
     pl.add_argument("--objective", default="kl", help="kl (default) | dnll | local (attention-output error)")
@@ -146,10 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vllm: keep exactly this many layers at the model dtype (the planner picks which), besides "
                          "the boundary layers vLLM itself keeps for some dtypes")
     _add_engine_args(pl, llamacpp=True)
-    pl.add_argument("--out", default=None, help="plan JSON path (default: plans/<model>-<target>-<budget>.json)")
+    pl.add_argument("--out", type=path_arg, default=None, help="plan JSON path (default: plans/<model>-<target>-<budget>.json)")
 
     sw = sub.add_parser("sweep", help="plan a range of budgets: the frontier of predicted damage vs memory")
-    sw.add_argument("profile_dir", help="directory written by `sensprof profile`")
+    sw.add_argument("profile_dir", type=path_arg, help="directory written by `sensprof profile`")
     sw.add_argument("--target", default="sensprof", help="sensprof (default) | vllm | sglang | llamacpp")
     sw.add_argument("--objective", default="kl", help="kl (default) | dnll | local")
     sw.add_argument("--robust", type=float, nargs="?", const=1.0, default=0.0, metavar="X",
@@ -174,10 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--windows", type=int, default=None, help="validation windows (default: as profiled)")
     sw.add_argument("--seq-len", type=int, default=None, help="validation tokens per window (default: as profiled)")
     _add_model_args(sw, of="profile", device_help="validation device (default: cuda if available)")
-    sw.add_argument("--out", default=None, help="directory for the plans and sweep.csv (default: plans/sweep-<model>-<target>)")
+    sw.add_argument("--out", type=path_arg, default=None, help="directory for the plans and sweep.csv (default: plans/sweep-<model>-<target>)")
 
     va = sub.add_parser("validate", help="apply a whole plan on unseen windows; compare with uniform configurations")
-    va.add_argument("plan", help="plan JSON written by `sensprof plan`")
+    va.add_argument("plan", type=path_arg, help="plan JSON written by `sensprof plan`")
     _add_model_args(va, of="plan")
     va.add_argument("--windows", type=int, default=None, help="windows (default: as many as profiled)")
     va.add_argument("--seq-len", default=None,
@@ -187,13 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vllm or llamacpp: run the plan as exported in the real engine (vLLM's offline LLM, llama.cpp) on the same "
                          "windows and compare its measured KL/dNLL with sensprof's emulation (tools/engines/install.sh "
                          "installs both; CSV default <plan>.engine-<engine>.csv)")
-    va.add_argument("--engine-python", default=None,
+    va.add_argument("--engine-python", type=path_arg, default=None,
                     help="the Python of the environment the engine is installed in (default: $SENSPROF_VLLM_PYTHON / "
                          "$SENSPROF_LLAMACPP_PYTHON, the `vllm` command on PATH, ~/.cache/sensprof/engines/, this one)")
-    va.add_argument("--out", default=None, help="CSV path (default: beside the plan, <plan>.validation.csv)")
+    va.add_argument("--out", type=path_arg, default=None, help="CSV path (default: beside the plan, <plan>.validation.csv)")
 
     ex = sub.add_parser("export", help="print a ready serving command line for a plan (and write scales)")
-    ex.add_argument("plan", help="plan JSON written by `sensprof plan`")
+    ex.add_argument("plan", type=path_arg, help="plan JSON written by `sensprof plan`")
     ex.add_argument("--format", required=True, help="vllm | sglang | llamacpp")
     ex.add_argument("--vllm-version", default="0.33.0", help="vLLM version to emit flags for (default 0.33.0)")
     ex.add_argument("--vllm-gpu", default=None,
@@ -203,11 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
                     model_help="model to serve and check the plan against (default: the plan's model)")
     ex.add_argument("--gpu-mem-gib", type=float, default=80.0,
                     help="KV-cache memory for the tokens-that-fit comment (default 80)")
-    ex.add_argument("--scales-out", default=None, metavar="FILE",
+    ex.add_argument("--scales-out", type=path_arg, default=None, metavar="FILE",
                     help="sglang, fp8_e4m3 plans: write the --quantization-param-path JSON here")
     ex.add_argument("--tp", type=int, default=1, metavar="N",
                     help="sglang: tensor-parallel size to key the scales by and pass as --tp-size (default 1)")
-    ex.add_argument("--write-checkpoint", default=None, metavar="DIR",
+    ex.add_argument("--write-checkpoint", type=path_arg, default=None, metavar="DIR",
                     help="vllm: write a bf16 copy of the model vLLM serves (GGUF included), with calibrated "
                          "per-layer k_scale/v_scale for fp8_e4m3 plans")
     ex.add_argument("--hub-id", default=None, metavar="ORG/NAME",
@@ -215,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "loader); default: the built-in alias's or the GGUF metadata's")
 
     ge = sub.add_parser("generate", help="generate text through the planned quantized cache (reference runtime)")
-    ge.add_argument("--plan", required=True, help="plan JSON written by `sensprof plan` (target sensprof or any)")
+    ge.add_argument("--plan", type=path_arg, required=True, help="plan JSON written by `sensprof plan` (target sensprof or any)")
     _add_model_args(ge, of="plan")
     ge.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
     ge.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
@@ -225,18 +232,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="auto (Triton on a GPU, compiled C on the CPU, else the PyTorch reference) | triton | cpu | reference")
 
     rp = sub.add_parser("report", help="figures (PNG) and one self-contained HTML page from a profile, plans, sweeps")
-    rp.add_argument("profile_dir", help="directory written by `sensprof profile`")
-    rp.add_argument("--plan", action="append", default=[], metavar="P",
+    rp.add_argument("profile_dir", type=path_arg, help="directory written by `sensprof profile`")
+    rp.add_argument("--plan", type=path_arg, action="append", default=[], metavar="P",
                     help="plan JSON to draw (and its <plan>.validation.csv if present); repeatable")
-    rp.add_argument("--sweep", action="append", default=[], metavar="S",
+    rp.add_argument("--sweep", type=path_arg, action="append", default=[], metavar="S",
                     help="directory written by `sensprof sweep` (holds sweep.csv); repeatable, e.g. one per target")
     rp.add_argument("--metric", default="kl", help="damage in the heatmaps: kl (default) | dnll | attn_kl | out_rel_l2")
     rp.add_argument("--reference-scheme", default=None,
                     help="scheme for the K-vs-V figure (default: int4_per_token_head or the first profiled for K and V)")
-    rp.add_argument("--out", required=True, help="directory for the PNGs and report.html")
+    rp.add_argument("--out", type=path_arg, required=True, help="directory for the PNGs and report.html")
 
     ev = sub.add_parser("eval", help="long-context retrieval/passkey accuracy of a plan through the runtime cache")
-    ev.add_argument("--plan", required=True, help="plan JSON written by `sensprof plan`")
+    ev.add_argument("--plan", type=path_arg, required=True, help="plan JSON written by `sensprof plan`")
     _add_model_args(ev, of="plan")
     ev.add_argument("--task", default="retrieval",
                     help="retrieval (default: repeat a planted 32-token needle) | passkey (recall a 5-digit key)")
@@ -248,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="auto (default: uniform configurations nearest the plan's memory, not below) | all | none")
     _add_text_args(ev, seq_len=1024, windows=2,
                    text_help="also measure perplexity through the cache on this plain-text/JSONL file")
-    ev.add_argument("--out", default=None, help="CSV path (default: beside the plan, <plan>.eval-<task>.csv, or "
+    ev.add_argument("--out", type=path_arg, default=None, help="CSV path (default: beside the plan, <plan>.eval-<task>.csv, or "
                     "<plan>.lm-eval.csv with --lm-eval-tasks)")
     ev.add_argument("--quiet", action="store_true", help="no progress lines")
     ev.add_argument("--lm-eval-tasks", default=None, metavar="T1,T2",

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 
@@ -129,11 +130,18 @@ def output_lock(folder: str, flag: str = "--out", lock_path: str | None = None):
         raise SensprofError(f"cannot write to {flag} {folder!r} ({e.strerror or e}); pass a path in a writable "
                             "directory") from None
     while True:
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:  # O_NONBLOCK: a FIFO planted there must not hang the open
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                         0o666)
         except OSError as e:
             raise SensprofError(f"cannot lock {flag} {folder!r} ({e.strerror or e}): {lock!r} must be a plain file "
                                 "sensprof can write; remove it, or pass another " + flag) from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # a FIFO, a device, or a hard link to another file
+            os.close(fd)
+            what = "is not a plain file" if not stat.S_ISREG(st.st_mode) else "is a hard link to another file"
+            raise SensprofError(f"cannot lock {flag} {folder!r}: {lock!r} {what}, which sensprof neither writes nor "
+                                "removes; remove it yourself, or pass another " + flag)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

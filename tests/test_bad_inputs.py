@@ -7,6 +7,7 @@ that mean nothing, outputs that cannot be written, prompts and lengths the model
 from __future__ import annotations
 
 import json
+import re
 import dataclasses
 import os
 import shutil
@@ -17,6 +18,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import tiny_config
+from conftest import one_error_line
 from test_cli import FAST, assert_one_error_line, cli_error, run_cli, save_model_dir
 from test_export import make_plan, save, sglang_plan, vllm_plan
 
@@ -794,3 +796,47 @@ def test_file_where_a_folder_goes_and_the_reverse(capsys, good_profile, tmp_path
         msg = cli_error(capsys, *argv)
         assert expect in msg and "does not exist" not in msg, (argv, msg)
     assert not (tmp_path / "m").exists() and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["merge", "a", "b", "--out", ""],
+    ["report", "profiles/x", "--out", ""],
+    ["report", "profiles/x", "--out", "  "],
+    ["export", "plan.json", "--format", "vllm", "--write-checkpoint", ""],
+    ["export", "plan.json", "--format", "vllm", "--scales-out", ""],
+    ["plan", "", "--avg-bits", "5"],
+    ["validate", "p.json", "--out", ""],
+    ["validate", "p.json", "--engine", "vllm", "--engine-python", ""],
+    ["profile", "--text", ""],
+    ["generate", "--plan", "", "--prompt", "x"],
+])
+def test_an_empty_path_is_refused_by_every_command(capsys, tmp_path, monkeypatch, argv):
+    """An empty --out once wrote a merged profile over ./profile.csv, and an empty --write-checkpoint was ignored:
+    every path the command line takes is refused when empty, before anything is read or written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "profile.csv").write_text("keep\n")
+    line = one_error_line(*run_cli(capsys, *argv))
+    assert "an empty path names no file or folder; pass a name" in line
+    assert (tmp_path / "profile.csv").read_text() == "keep\n" and sorted(os.listdir(tmp_path)) == ["profile.csv"]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda o: o["engine"].update(skip_layers=[999]), "engine skip_layers \\[999\\], not distinct layers of its"),
+    (lambda o: o["engine"].update(skip_layers=[1, 1]), "not distinct layers"),
+    (lambda o: o["predicted"].update(damage=float("nan")), "predicts kl nan, not a finite non-negative number"),
+    (lambda o: o["predicted"].update(damage=-1.0), "not a finite non-negative number"),
+    (lambda o: o["predicted"].update(joint_factor={"256": float("nan")}), "joint factor nan"),
+    (lambda o: o["predicted"].update(joint_factor={"256": -2.0}), "joint factor -2.0"),
+    (lambda o: o["predicted"].update(joint_factor={"256": 1e308}), "joint factor 1e\\+308"),
+    (lambda o: o["predicted"].update(joint_factor={"x": 1.0}), "at 'x' tokens"),
+    (lambda o: o["solver"].update(select="all of them"), "selection record that is not one"),
+    (lambda o: o["solver"].update(select={"chosen": "plan"}), "selection record that is not one"),
+])
+def test_plan_fields_are_checked_on_load(capsys, tmp_path, edit, message):
+    """A hand-edited plan's fields are held to their types and ranges before any command prints or exports them."""
+    path = save(vllm_plan(skip=(1,)), tmp_path)
+    obj = json.load(open(path))
+    edit(obj)
+    Path(path).write_text(json.dumps(obj))  # NaN as JSON's NaN, as a hand edit in Python would write it
+    line = one_error_line(*run_cli(capsys, "export", path, "--format", "vllm"))
+    assert re.search(message, line) and "re-run `sensprof plan`" in line, line

@@ -647,3 +647,11 @@ def test_full_disk_while_writing_a_checkpoint(fp8_plan, capsys, monkeypatch):
     assert "no space left writing" in errors[0] and str(ckpt) in errors[0]
     assert not ckpt.exists()
     assert not [n for n in os.listdir(fp8_plan.root) if n.startswith(".tmp-checkpoint-full-ckpt")]
+
+
+@pytest.mark.parametrize("gib", ["1e300", "1e-300", "1e10"])
+def test_a_memory_no_machine_holds_is_refused(capsys, tmp_path, gib):
+    """1e300 GiB overflowed into a traceback and 1e-300 printed "0 tokens fit"; both are one line now."""
+    line = one_error_line(*run_cli(capsys, "export", save(vllm_plan(), tmp_path), "--format", "vllm",
+                                   "--gpu-mem-gib", gib))
+    assert f"--gpu-mem-gib {float(gib):g} is outside what any machine holds" in line

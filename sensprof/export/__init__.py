@@ -20,11 +20,14 @@ from . import llamacpp, sglang, vllm
 FORMATS = {"vllm": vllm, "sglang": sglang, "llamacpp": llamacpp}
 
 
+MIN_GIB, MAX_GIB = 2 ** -10, 2.0 ** 30  # 1 MiB to 1 EiB: outside, "0 tokens fit" or an overflow, never a figure
+
+
 @dataclass(frozen=True)
 class ExportOptions:
     format: str
     model: str | None = None  # the model to serve and check the plan against (default: the plan's)
-    gpu_mem_gib: float = 80.0  # KV-cache memory for the tokens-that-fit comment
+    gpu_mem_gib: float = 80.0  # KV-cache memory for the tokens-that-fit comment (MIN_GIB to MAX_GIB)
     vllm_version: str = vllm.DEFAULT_VERSION
     vllm_gpu: str | None = None
     hub_id: str | None = None  # vllm, GGUF model: the hub repository it was converted from
@@ -42,6 +45,9 @@ class ExportOptions:
         if self.gpu_mem_gib is not None and not 0 < self.gpu_mem_gib < float("inf"):
             raise SensprofError(f"--gpu-mem-gib must be positive and finite, got {self.gpu_mem_gib:g}; pass the GiB "
                                 "of KV cache, e.g. 80")
+        if self.gpu_mem_gib is not None and not MIN_GIB <= self.gpu_mem_gib <= MAX_GIB:
+            raise SensprofError(f"--gpu-mem-gib {self.gpu_mem_gib:g} is outside what any machine holds ({MIN_GIB:g} to "
+                                f"{MAX_GIB:g} GiB); pass the GiB of KV cache, e.g. 80")
         sglang.check_tp(self.tp)
         if self.tp != 1 and self.format != "sglang":
             raise SensprofError("--tp is for --format sglang (its scales file is keyed by TP rank)")
