@@ -248,6 +248,9 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     if windows is not None and windows < 1:
         raise SensprofError(f"--windows {windows} is too few; use at least 1, or leave --windows out for as many as "
                             "profiled")
+    if engine_python is not None and engine is None:
+        raise SensprofError("--engine-python names the Python that runs an engine, and no --engine was given; pass "
+                            "--engine vllm or --engine llamacpp, or drop --engine-python")
     result = load_plan(plan_path)
     suffix = f".engine-{engine}.csv" if engine else ".validation.csv"
     out = out or os.path.splitext(plan_path)[0] + suffix
@@ -262,14 +265,16 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
         dtype = dtype or "float32"  # the engine serves the float32 weights sensprof measures
     loaded = load_for_plan(result, model, device, dtype, device_map, trust_remote_code)
     frames = []
-    for n in validation_lengths(result, seq_len, loaded.model):
+    lengths = validation_lengths(result, seq_len, loaded.model)
+    for n in lengths:
         if engine is not None:
             from .validate_engine import format_engine_table, validate_with_engine
 
             ids = validation_windows(result, loaded.tokenizer, windows, n)
-            df = pd.DataFrame(validate_with_engine(engine_at, runs, loaded, ids, engine_log)).assign(seq_len=n)
-            log(f"{engine} ({df.engine.iloc[0]}) vs sensprof's emulation, {ids.shape[0]} unseen windows of {n} "
-                "tokens:")
+            family = len(lengths) * sum(r.plan is not None for r in runs)  # rows judged at once
+            df = pd.DataFrame(validate_with_engine(engine_at, runs, loaded, ids, engine_log, family)).assign(seq_len=n)
+            log(f"{engine} ({df.engine.iloc[0]}, run by {engine_at.python}) vs sensprof's emulation, {ids.shape[0]} "
+                f"unseen windows of {n} tokens:")
             log(format_engine_table(df))
         else:
             df = validate_plan(result, loaded, windows, n).assign(seq_len=n)
@@ -283,10 +288,10 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     atomic_write_text(out, df.to_csv(index=False))
     note = None if engine else advantage_note(df)
     if engine is not None and not df.agrees.all():
-        from .validate_engine import DNLL_SE, KL_REL_TOL
+        from .validate_engine import FALSE_ALARM, KL_REL_TOL
 
         note = (f"note: {engine} and sensprof's emulation disagree beyond the bounds (KL within "
-                f"{KL_REL_TOL:.0%}, mean dNLL within {DNLL_SE:g} SE) for: "
+                f"{KL_REL_TOL:.0%} or its noise, mean dNLL within its noise; {FALSE_ALARM:.0%} false alarms) for: "
                 + ", ".join(f"{r.config} at {r.seq_len}" for r in df[~df.agrees].itertuples()))
     return Validation(df, note, out)
 

@@ -110,6 +110,12 @@ def cmd_export(args) -> int:
 def cmd_eval(args) -> int:
     t0, c0 = time.perf_counter(), time.process_time()
     progress = None if args.quiet else (lambda msg: print(f"eval: {msg}", file=sys.stderr, flush=True))
+    lm_only = [flag for flag, given in (("--lm-eval-truncate", args.lm_eval_truncate),
+                                        ("--lm-eval-limit", args.lm_eval_limit is not None),
+                                        ("--num-fewshot", args.num_fewshot is not None)) if given]
+    if lm_only and args.lm_eval_tasks is None:  # they were silently ignored by the retrieval task
+        raise SensprofError(f"{lm_only[0]} is for lm-eval tasks, and no --lm-eval-tasks was given; pass "
+                            f"--lm-eval-tasks TASKS, or drop {lm_only[0]}")
     if args.lm_eval_tasks is not None:  # '' is refused as empty, not read as "no lm-eval"
         from .evaluate.lm_eval_run import format_lm_eval
 

@@ -271,6 +271,19 @@ def load_for_plan(plan, model: str | None = None, device: str = "auto", dtype: s
     return loaded
 
 
+def load_for_profile(plan, meta: dict, model: str | None = None, device: str = "auto", dtype: str | None = None,
+                     device_map: str | None = None, trust_remote_code: bool = False) -> LoadedModel:
+    """The model a plan made from a profile is measured on (`model`, default the profile's): the one profiled
+    (fingerprint and layers, load_for_plan), with at least the positions the profile's meta.json says it has (the
+    lengths the plan was priced at)."""
+    loaded = load_for_plan(plan, model or meta["model"]["id"], device, dtype, device_map, trust_remote_code)
+    said, has = meta.get("max_positions"), max_positions(loaded.model)
+    if said is not None and has is not None and (not isinstance(said, int) or said > has):
+        raise SensprofError(f"the profile's meta.json says the model has {said!r} positions, but it has {has}; the "
+                            "profile was edited or belongs to another model: re-profile into a new --out")
+    return loaded
+
+
 def text_config(model):
     cfg = model.config
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg

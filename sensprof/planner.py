@@ -78,9 +78,19 @@ def _cost(budget: Budget, layer: dict, scheme: str) -> float:
 
 
 def _solve(prob, variables_time_start):
+    """CBC's problem and solution files go in a folder of their own, removed however the solve ends (Ctrl-C of a
+    sweep left PuLP's .mps and .sol files in the temporary folder)."""
+    import shutil
+    import tempfile
+
     import pulp
 
-    status = prob.solve(pulp.PULP_CBC_CMD(msg=False))
+    solver = pulp.PULP_CBC_CMD(msg=False)
+    solver.tmpDir = tempfile.mkdtemp(prefix="sensprof-cbc-")
+    try:
+        status = prob.solve(solver)
+    finally:
+        shutil.rmtree(solver.tmpDir, ignore_errors=True)
     return pulp.LpStatus[status], time.perf_counter() - variables_time_start
 
 

@@ -34,7 +34,7 @@ def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str =
                 dtype: str | None = None, device_map: str | None = None, trust_remote_code: bool = False,
                 model: str | None = None) -> Plan:
     from .data import select_windows
-    from .models import load_model
+    from .models import load_for_profile
     from .planner import NONE, plan as solve, problem_from_table
     from .table import load_profile
     from .targets import get_target
@@ -50,7 +50,7 @@ def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str =
     if missing:
         raise SensprofError(f"--refine re-runs the profile's text, but {missing[0]!r} is gone; restore it or drop "
                             "--refine")
-    loaded = load_model(model or meta["model"]["id"], device, dtype, device_map, trust_remote_code)
+    loaded = load_for_profile(plan, meta, model, device, dtype, device_map, trust_remote_code)
     settings = meta["settings"]
     ids, _, digest, _ = select_windows(loaded.tokenizer, files, settings["seq_len"], settings["windows"],
                                        settings["seed"])

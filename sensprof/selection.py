@@ -123,7 +123,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
                     device: str = "auto", log=print, dtype=None, device_map=None, trust_remote_code=False,
                     model: str | None = None, loaded=None) -> Plan:
     from .data import bos_prefix
-    from .models import load_model
+    from .models import load_for_profile
     from .plan import make_plan, priced_table
     from .planner import problem_from_table
     from .table import load_profile
@@ -148,7 +148,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     if limit and n > int(limit):
         raise SensprofError(f"--select-seq-len {n} is beyond the model's {limit} positions; pass at most {limit}")
     if loaded is None:
-        loaded = load_model(model or meta["model"]["id"], device, dtype, device_map, trust_remote_code)
+        loaded = load_for_profile(plan, meta, model, device, dtype, device_map, trust_remote_code)
     ids, slots = selection_windows(loaded.tokenizer, plan, windows, n)
 
     # the candidates: this plan, plans from other objectives / robustness at the same budget, uniform configurations

@@ -382,3 +382,30 @@ def test_default_model_runs_custom_tasks_through_its_plan(smollm2, tasks_dir):
     answers = [s["resps"][0][0] for s in r["samples"]["sp_gen"]]
     assert any("Paris" in a for a in answers), answers  # greedy text through the cache, not noise
     assert lm.stats.caches == 4 * len(MC) + len(GEN)
+
+
+def test_sensprof_lm_eval_unknown_task_and_a_setting_given_twice_are_one_line(capsys, dir_plan, tasks_dir,
+                                                                               tiny_model_dir, lm_eval_logging):
+    """lm-eval's ValueError for an unknown task and the TypeError of a device given in --model_args and --device
+    were tracebacks."""
+    assert lm_eval_cli(["--model", "sensprof", "--model_args", f"plan={dir_plan}", "--tasks", "no_such_task",
+                        "--include_path", tasks_dir]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("sensprof-lm-eval: error:")]
+    assert "Traceback" not in err and len(lines) == 1 and "no_such_task" in lines[0], err
+    assert lm_eval_cli(["--model", "sensprof", "--model_args", f"pretrained={tiny_model_dir},plan={dir_plan},"
+                        "device=cpu", "--device", "cuda", "--tasks", "sp_mc", "--include_path", tasks_dir]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("sensprof-lm-eval: error:")]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert "device is given twice: device=cpu in --model_args and --device cuda; pass it once" in lines[0]
+    # the same value both ways is no conflict
+    assert lm_eval_cli(["--model", "sensprof", "--model_args", f"pretrained={tiny_model_dir},plan={dir_plan},"
+                        "chunk=16,device=cpu", "--device", "cpu", "--tasks", "sp_mc", "--include_path", tasks_dir,
+                        "--limit", "1"]) == 0
+
+
+@pytest.mark.parametrize("flag", [["--lm-eval-truncate"], ["--lm-eval-limit", "5"], ["--num-fewshot", "1"]])
+def test_lm_eval_options_without_lm_eval_tasks_are_refused(capsys, dir_plan, flag):
+    line = one_error_line(*run_cli(capsys, "eval", "--plan", dir_plan, "--device", "cpu", *flag))
+    assert f"{flag[0]} is for lm-eval tasks, and no --lm-eval-tasks was given" in line

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
 import re
 
@@ -699,3 +700,27 @@ def test_llamacpp_cuda_default_build_restricts_pairs():
         get_target("sglang", vllm_gpu="hopper")
     with pytest.raises(SensprofError, match="unknown --vllm-gpu 'tpu'"):
         get_target("vllm", vllm_gpu="tpu")
+
+
+def test_an_interrupted_solve_leaves_no_solver_files(tmp_path, monkeypatch):
+    """Ctrl-C during CBC's run (here: when PuLP starts it, after it wrote the problem file) leaves nothing in the
+    temporary folder; a finished solve leaves nothing either."""
+    import subprocess
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    rng = random.Random(7)
+    problem = random_problem(rng, 2, FREE_K[:2], FREE_V[:2])
+    budget = budget_between(rng, problem, TARGETS["sensprof"], "avg_bits")
+    plan(problem, TARGETS["sensprof"], budget)
+    assert os.listdir(tmp_path) == []
+
+    def interrupted(*a, **k):
+        assert any(f.endswith(".mps") for _, _, fs in os.walk(tmp_path) for f in fs)  # PuLP wrote its files
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess, "Popen", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        plan(problem, TARGETS["sensprof"], budget)
+    assert os.listdir(tmp_path) == []

@@ -250,3 +250,27 @@ def test_select_measured_refuses_what_it_cannot_choose(vsel, capsys):
     line = one_error_line(*run_cli(capsys, "plan", vsel.profile, "--target", "sglang", "--avg-bits", "9",
                                    "--select-measured", "2", "--device", "cpu"))
     assert "target sglang takes one type for every layer" in line and "--target sensprof or vllm" in line
+
+
+def test_selection_and_refine_measure_only_the_profiled_model(sel, capsys, tmp_path, tiny_tokenizer):
+    """--select-measured and --refine measured whatever --model named (or meta.json's edited model id) and wrote
+    the result into a plan naming the profile's model; a raised max_positions was trusted. Each is one line now."""
+    import json
+
+    from conftest import make_tiny_model, one_error_line
+    from test_cli import save_model_dir
+
+    other = save_model_dir(make_tiny_model("llama", seed=1), tmp_path / "other", tiny_tokenizer)
+    for extra in (["--select-measured", "2"], ["--select-measured", "0", "--refine", "1"]):
+        line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--device", "cpu",
+                                       "--model", other, *extra, "--out", str(tmp_path / "p.json")))
+        assert "the plan was made for model fingerprint" in line and other in line
+    assert not (tmp_path / "p.json").exists()
+    edited = tmp_path / "edited"
+    shutil.copytree(sel.profile, edited)
+    meta = json.load(open(edited / "meta.json"))
+    meta["max_positions"] = 100_000
+    (edited / "meta.json").write_text(json.dumps(meta))
+    line = one_error_line(*run_cli(capsys, "plan", str(edited), "--avg-bits", "5", "--device", "cpu",
+                                   "--select-measured", "2", "--select-seq-len", "64"))
+    assert "meta.json says the model has 100000 positions, but it has" in line

@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     except SensprofError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except ValueError as e:  # lm-eval's own word on its arguments (e.g. "Tasks not found: ..."), as one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        print(f"{PROG}: error: {first}; see `{PROG} --help`", file=sys.stderr)
+        return 2
     return 0
 
 

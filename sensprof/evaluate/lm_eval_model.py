@@ -90,6 +90,24 @@ class SensprofLM(HFLM):
         self.stats = CacheStats()
         self.new_cache(check_model=True)  # a plan for another model or an unstorable scheme fails here, once
 
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        from lm_eval import utils
+
+        return cls.create_from_arg_obj(utils.simple_parse_args_string(arg_string or ""), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """lm-eval's --model_args beside its own flags (--device, --batch_size): a setting given both ways with two
+        values is one line naming both (lm-eval passed both and Python raised a TypeError)."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        clash = sorted(k for k in set(arg_dict) & set(extra) if str(arg_dict[k]) != str(extra[k]))
+        if clash:
+            k = clash[0]
+            raise SensprofError(f"{k} is given twice: {k}={arg_dict[k]} in --model_args and --{k} {extra[k]}; pass "
+                                "it once")
+        return cls(**(extra | dict(arg_dict)))
+
     def new_cache(self, check_model: bool = False):
         """A fresh PlannedCache for one request."""
         from ..runtime import PlannedCache

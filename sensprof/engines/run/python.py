@@ -87,18 +87,28 @@ def probe(python: str, engine: Engine) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
+def _named_python(engine: Engine, python: str, what: str, fix_missing: str, fix_lacking: str) -> EnginePython:
+    """The interpreter the user named (a flag or a variable), refused in one line unless it has the engine."""
+    if not os.path.exists(python):
+        raise SensprofError(f"{what} does not exist; {fix_missing}")
+    version = probe(python, engine)
+    if version is None:
+        raise SensprofError(f"{what} cannot import {engine.module}; {fix_lacking}")
+    return EnginePython(engine.name, python, version)
+
+
 def find_engine_python(name: str, given: str | None = None) -> EnginePython:
     """The interpreter to run `name` with: `given` (which must have it), else the first candidate that does."""
     engine = get_engine(name)
+    named = os.environ.get(engine.env_var)
     if given is not None:
-        if not os.path.exists(given):
-            raise SensprofError(f"--engine-python {given!r} does not exist; pass the Python of the environment "
-                                f"where {name} is installed")
-        version = probe(given, engine)
-        if version is None:
-            raise SensprofError(f"--engine-python {given} cannot import {engine.module}; install it there or run "
-                                f"`{engine.install}`")
-        return EnginePython(name, given, version)
+        return _named_python(engine, given, f"--engine-python {given}",
+                             f"pass the Python of the environment where {name} is installed",
+                             f"install it there or run `{engine.install}`")
+    if named:  # the user named it: a wrong one is said, not skipped for another engine
+        return _named_python(engine, named, f"${engine.env_var} names {named}, which",
+                             f"point it at the Python of the environment where {name} is installed, or unset it",
+                             "install it there, point the variable elsewhere, or unset it")
     for python in candidates(engine):
         version = probe(python, engine) if os.path.exists(python) else None
         if version is not None:
