@@ -233,11 +233,12 @@ class Validation:
 
 
 def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="auto", dtype=None, device_map=None,
-             trust_remote_code=False, out=None, engine=None, engine_python=None, log=print) -> Validation:
+             trust_remote_code=False, out=None, engine=None, engine_python=None, text=None, log=print) -> Validation:
     """Apply the whole plan on windows the profile did not use, at the profile's length and 4x it (or
     `seq_len`, a length or a list), beside uniform configurations; the table is written to `out` (default
     <plan>.validation.csv). With `engine` ("vllm" or "llamacpp"), run the plan as exported in that engine instead
-    and compare it with sensprof's emulation on the same tokens (default out: <plan>.engine-<engine>.csv)."""
+    and compare it with sensprof's emulation on the same tokens (default out: <plan>.engine-<engine>.csv). With
+    `text` (files), on windows of that text instead of the profile's unseen windows."""
     import pandas as pd
 
     from .artifacts import load_plan
@@ -252,6 +253,11 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
         raise SensprofError("--engine-python names the Python that runs an engine, and no --engine was given; pass "
                             "--engine vllm or --engine llamacpp, or drop --engine-python")
     result = load_plan(plan_path)
+    user_text = None
+    if text:
+        from .validate import read_user_text
+
+        user_text = read_user_text(result, text)  # before the model loads: a bad file costs nothing
     suffix = f".engine-{engine}.csv" if engine else ".validation.csv"
     out = out or os.path.splitext(plan_path)[0] + suffix
     check_writable(out, "--out", "file")
@@ -270,15 +276,18 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
         if engine is not None:
             from .validate_engine import format_engine_table, validate_with_engine
 
-            ids = validation_windows(result, loaded.tokenizer, windows, n)
+            ids = validation_windows(result, loaded.tokenizer, windows, n, user_text)
             family = len(lengths) * sum(r.plan is not None for r in runs)  # rows judged at once
             df = pd.DataFrame(validate_with_engine(engine_at, runs, loaded, ids, engine_log, family)).assign(seq_len=n)
             log(f"{engine} ({df.engine.iloc[0]}, run by {engine_at.python}) vs sensprof's emulation, {ids.shape[0]} "
                 f"unseen windows of {n} tokens:")
             log(format_engine_table(df))
         else:
-            df = validate_plan(result, loaded, windows, n).assign(seq_len=n)
-            log(f"measured on {windows if windows is not None else result.profile.settings['windows']} unseen windows of {n} tokens:")
+            df = validate_plan(result, loaded, windows, n, text=user_text).assign(
+                seq_len=n, **({"text": user_text[1]} if user_text else {}))
+            where = f"windows of {user_text[1]}" if user_text else "unseen windows"
+            log(f"measured on {windows if windows is not None else result.profile.settings['windows']} {where} of {n} "
+                "tokens:")
             log(format_table(df))
             if result.predicted.joint_factor:
                 log(f"(the plan's pred KL is its per-layer sum times {result.predicted.joint_factor_at(n):g}, the "

@@ -91,7 +91,7 @@ def cmd_sweep(args) -> int:
 
 def cmd_validate(args) -> int:
     result = api.validate(args.plan, **_model(args), windows=args.windows, seq_len=args.seq_len, out=args.out,
-                          engine=args.engine, engine_python=args.engine_python)
+                          engine=args.engine, engine_python=args.engine_python, text=args.text)
     if result.note:
         print(result.note)
     print(f"wrote {result.path}")

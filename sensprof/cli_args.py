@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the Python of the environment the engine is installed in (default: $SENSPROF_VLLM_PYTHON / "
                          "$SENSPROF_LLAMACPP_PYTHON, the `vllm` command on PATH, ~/.cache/sensprof/engines/, this one)")
     va.add_argument("--out", type=path_arg, default=None, help="CSV path (default: beside the plan, <plan>.validation.csv)")
+    va.add_argument("--text", type=path_arg, action="append", metavar="FILE",
+                    help="judge the plan on your own text (plain text or JSONL {\"text\": ...}; repeatable) instead of "
+                         "the profile's unseen windows; refused if it shares text with the profile's windows")
 
     ex = sub.add_parser("export", help="print a ready serving command line for a plan (and write scales)")
     ex.add_argument("plan", type=path_arg, help="plan JSON written by `sensprof plan`")

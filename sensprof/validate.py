@@ -183,45 +183,95 @@ def format_table(df) -> str:
 # ---------------------------------------------------------------- windows and lengths a plan is judged on
 
 
-def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int | None):
-    """Windows from the profile's text that the profile did not use (nor `plan --select-measured`)."""
-    from .data import bos_prefix, load_text, overlapping_slots, text_digest, text_windows
+def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int | None, text=None):
+    """Windows from the profile's text that the profile did not use (nor `plan --select-measured`); with `text`
+    (read_user_text's), windows of that text, refused where it holds any of the profile's windows."""
+    from .data import bos_prefix, overlapping_slots, text_windows
 
     settings = plan.profile.settings
-    exclude = set(plan.profile.window_slots or [])
     seq = seq_len or settings["seq_len"]
+    if seq < 2:
+        raise SensprofError(f"--seq-len {seq} is too short; use at least 2")
+    count = settings["windows"] if windows is None else windows
+    if text is not None:
+        _refuse_profile_overlap(plan, tokenizer, text[0], text[1])
+        ids, _, _, _ = text_windows(tokenizer, text[0], text[1], seq, count, settings["seed"] + 1)
+        return ids
+    exclude = set(plan.profile.window_slots or [])
     if seq != settings["seq_len"]:  # other slot boundaries: leave out every window that overlaps a profiled one
         prefix = len(bos_prefix(tokenizer))
         exclude = overlapping_slots(exclude, settings["seq_len"] - prefix, seq - prefix)
+    body, name = profile_text(plan)
+    chosen_on = getattr(getattr(plan, "solver", None), "select", None)  # plan --select-measured chose on these
+    if chosen_on and chosen_on.get("window_slots"):
+        prefix = len(bos_prefix(tokenizer))
+        exclude = set(exclude) | overlapping_slots(chosen_on["window_slots"], chosen_on["seq_len"] - prefix,
+                                                   seq - prefix)
+    ids, _, _, _ = text_windows(tokenizer, body, name, seq, count, settings["seed"] + 1, exclude)
+    return ids
+
+
+def profile_text(plan: Plan) -> tuple[str, str]:
+    """The text the plan's profile read, refused unless it is that text, unchanged (its digest)."""
+    from .data import load_text, text_digest
+
     files = list(plan.profile.text_files or [])
     gone = [f for f in files if not os.path.isfile(f)]
     if gone:
         raise SensprofError(f"the plan's profile text {gone[0]!r} is not there; restore the text the profile was "
                             "made from, or re-profile and re-plan")
     text, name = load_text(files)
-    want = settings.get("text_digest")
+    want = plan.profile.settings.get("text_digest")
     if (want or files) and text_digest(text) != want:  # a plan names its text: read only that text, unchanged
         raise SensprofError(
             f"the plan's profile text ({', '.join(map(repr, files)) or 'the built-in corpus'}) is not the text that "
             f"was profiled (digest {text_digest(text)} now, {want or 'none'} in the plan); restore that text, or "
             "re-profile and re-plan")
-    if seq < 2:
-        raise SensprofError(f"--seq-len {seq} is too short; use at least 2")
-    chosen_on = getattr(getattr(plan, "solver", None), "select", None)  # plan --select-measured chose on these
-    if chosen_on and chosen_on.get("window_slots"):
-        prefix = len(bos_prefix(tokenizer))
-        exclude = set(exclude) | overlapping_slots(chosen_on["window_slots"], chosen_on["seq_len"] - prefix,
-                                                   seq - prefix)
-    ids, _, _, _ = text_windows(tokenizer, text, name, seq, settings["windows"] if windows is None else windows,
-                                settings["seed"] + 1, exclude)
-    return ids
+    return text, name
 
 
-def validate_plan(plan: Plan, loaded, windows=None, seq_len=None, progress=None):
-    """Measured table of the plan beside the reference configurations."""
+def read_user_text(plan: Plan, files: list[str]) -> tuple[str, str]:
+    """`validate --text`: the user's files (plain text or JSONL), refused in one line when empty, binary or the
+    profile's own text."""
+    from .data import load_text, text_digest
+
+    text, name = load_text(files)
+    if "\x00" in text:
+        raise SensprofError(f"--text {name} holds NUL bytes, so it is binary, not text; pass plain text or JSONL")
+    if not text.strip():
+        raise SensprofError(f"--text {name} is empty; pass a file with text in it")
+    if text_digest(text) == plan.profile.settings.get("text_digest"):
+        raise SensprofError(f"--text {name} is the text the plan was profiled on; validate on text the profile did "
+                            "not see (or leave --text out for the profile's unseen windows)")
+    return text, name
+
+
+OVERLAP = 32  # tokens in a row shared with a profile window that make a validation window not unseen
+
+
+def _refuse_profile_overlap(plan: Plan, tokenizer, text: str, name: str) -> None:
+    """Refuse a text that holds OVERLAP tokens in a row of any window the profile measured: windows drawn from it
+    could be the profiled ones."""
+    from .data import bos_prefix, text_windows, tokenize
+
+    settings = plan.profile.settings
+    prefix = len(bos_prefix(tokenizer))
+    body, text_name = profile_text(plan)
+    profiled, _, _, _ = text_windows(tokenizer, body, text_name, settings["seq_len"], settings["windows"],
+                                     settings["seed"])
+    seen = {tuple(row[i:i + OVERLAP]) for row in profiled[:, prefix:].tolist()
+            for i in range(max(1, len(row) - OVERLAP + 1))}
+    tokens = tokenize(tokenizer, text)
+    if any(tuple(tokens[i:i + OVERLAP]) in seen for i in range(max(1, len(tokens) - OVERLAP + 1))):
+        raise SensprofError(f"--text {name} holds {OVERLAP} or more tokens in a row of the windows the plan was "
+                            "profiled on; validate on text the profile did not see")
+
+
+def validate_plan(plan: Plan, loaded, windows=None, seq_len=None, progress=None, text=None):
+    """Measured table of the plan beside the reference configurations (on `text`, read_user_text's, if given)."""
     path = plan.profile.locate()
     profile = plan_profile(plan, path) if path else None  # a profile that is not the plan's: refused first
-    ids = validation_windows(plan, loaded.tokenizer, windows, seq_len)
+    ids = validation_windows(plan, loaded.tokenizer, windows, seq_len, text)
     configs = {"plan": plan.layers, **reference_configs(plan)}
     measured = measure(loaded.model, ids, configs, progress, reads=plan_reads(plan))
     if path is None:

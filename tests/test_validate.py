@@ -7,6 +7,7 @@ import math
 import os
 import types
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -441,3 +442,45 @@ def test_validate_bad_seq_len(cli_run, capsys):
     assert "beyond the model's 512 positions" in one_error_line(rc, out, err)
     rc, out, err = run_cli(capsys, "validate", cli_run.plan, "--seq-len", "64,x")
     assert "--seq-len '64,x' is not a number" in one_error_line(rc, out, err)
+
+
+def test_validate_on_the_users_own_text(text_run, tmp_path, capsys):
+    """validate --text FILE...: the plan judged on the user's text (plain or JSONL), the CSV says which; the
+    profile's own text, text sharing a profile window, an empty, binary or too short file, or JSONL without a text
+    field are one line each, before the model loads."""
+    import json
+
+    from sensprof.data import builtin_corpus
+
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("\n".join(json.dumps({"text": builtin_corpus()[-40_000:][i:i + 2000]})
+                              for i in range(0, 40_000, 2000)))
+    out = tmp_path / "v.csv"
+    rc, stdout, err = run_cli(capsys, "validate", text_run.plan, "--device", "cpu", "--seq-len", "32",
+                              "--text", mine, "--out", out)
+    assert rc == 0, err
+    assert "measured on 2 windows of mine.jsonl of 32 tokens" in stdout
+    df = pd.read_csv(out)
+    assert set(df.text) == {"mine.jsonl"} and "plan" in set(df.config)
+    # a different text gives different figures than the profile's unseen windows
+    rc, _, err = run_cli(capsys, "validate", text_run.plan, "--device", "cpu", "--seq-len", "32", "--out",
+                         tmp_path / "own.csv")
+    assert rc == 0, err
+    assert "text" not in pd.read_csv(tmp_path / "own.csv").columns
+    assert not np.allclose(pd.read_csv(tmp_path / "own.csv").measured_kl, df.measured_kl)
+
+    profiled_part = tmp_path / "part.txt"  # the profile's text with other text around it
+    profiled_part.write_text("Some words of my own. " * 50 + text_run.text.read_text())
+    empty, binary, short, bad_jsonl = (tmp_path / n for n in ("empty.txt", "bin.txt", "short.txt", "bad.jsonl"))
+    empty.write_text("   \n")
+    binary.write_bytes(b"text\x00\x01\x02 more")
+    short.write_text("two words")
+    bad_jsonl.write_text(json.dumps({"prompt": "x"}) + "\n")
+    for path, expect in ((text_run.text, "is the text the plan was profiled on"),
+                         (profiled_part, "holds 32 or more tokens in a row of the windows the plan was profiled on"),
+                         (empty, "is empty"), (binary, "holds NUL bytes"), (short, "shorter than one window"),
+                         (bad_jsonl, "has no string 'text' field")):
+        line = one_error_line(*run_cli(capsys, "validate", text_run.plan, "--device", "cpu", "--seq-len", "32",
+                                       "--text", path, "--out", tmp_path / "bad.csv"))
+        assert expect in line, line
+        assert not (tmp_path / "bad.csv").exists()
