@@ -164,7 +164,7 @@ def default_profile_dir(model: str) -> str:
 def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, max_model_len=None,
          max_num_seqs=None, context_len=None, target="sensprof", objective="kl", robust=0.0, refine=0,
          num_skip=None, vllm_gpu=None, llamacpp_build=None, model=None, device="auto", dtype=None, device_map=None,
-         trust_remote_code=False, out=None, log=print, select_measured=None, select_seq_len=None):
+         trust_remote_code=False, out=None, log=print, select_measured=None, select_seq_len=None, select_text=None):
     """Solve for each layer's K and V scheme under one budget, then make the final choice among plans and uniform
     configurations by measured KL on `select_measured` unseen windows (sensprof.selection; default
     DEFAULT_SELECT_WINDOWS for the targets that have a choice and no --num-skip, 0: by predicted damage alone); with
@@ -186,6 +186,16 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
                             "choose a dtype alone (none kept): drop one of them")
     if isinstance(out, str):
         check_writable(out, "--out", "file")  # before the solver and any --refine rounds
+    user_text = None
+    if select_text:
+        if not select_measured:
+            raise SensprofError("--select-text is the text --select-measured chooses on, and --select-measured is 0; "
+                                "pass --select-measured N, or drop --select-text")
+        from .table import load_meta
+        from .validate import read_user_text
+
+        user_text = read_user_text(load_meta(profile_dir)["settings"].get("text_digest"), select_text,
+                                   "--select-text")
     result = make_plan(profile_dir, target, budget, objective, num_skip, vllm_gpu, llamacpp_build, robust)
     if refine:
         from .refine import refine_plan
@@ -197,7 +207,7 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
 
         result = select_or_explain(result, profile_dir, budget, select_measured, select_seq_len, defaulted,
                                    device=device, log=log, dtype=dtype, device_map=device_map,
-                                   trust_remote_code=trust_remote_code, model=model)
+                                   trust_remote_code=trust_remote_code, model=model, text=user_text)
     path = None
     if out:
         path = out if isinstance(out, str) else result.default_path()
@@ -257,7 +267,9 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     if text:
         from .validate import read_user_text
 
-        user_text = read_user_text(result, text)  # before the model loads: a bad file costs nothing
+        chosen_on = result.solver.select or {}
+        user_text = read_user_text(result.profile.settings.get("text_digest"), text,  # before the model loads
+                                   chosen_digest=chosen_on.get("text_digest"))
     suffix = f".engine-{engine}.csv" if engine else ".validation.csv"
     out = out or os.path.splitext(plan_path)[0] + suffix
     check_writable(out, "--out", "file")

@@ -299,7 +299,8 @@ class Plan:
         if chosen:
             won = (f"the uniform configuration {chosen['chosen'].removeprefix('uniform ')} measured lower KL than every "
                    "plan, so the plan is that configuration" if chosen["uniform_won"] else f"{chosen['chosen']} won")
-            lines.append(f"chosen by measured KL on {chosen['windows']} x {chosen['seq_len']} unseen tokens among "
+            lines.append(f"chosen by measured KL on {chosen['windows']} x {chosen['seq_len']} unseen tokens"
+                         + (f" of {chosen['text']}" if chosen.get("text") else "") + " among "
                          f"{len(chosen['candidates'])} candidates: {won}"
                          + (f"; all layers at once measured {p.joint_summary()} the per-layer sum there"
                             if p.joint_factor else ""))

@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "and says so (loads the model; default 2, 0 with --num-skip; 0: by predicted damage alone)")
     pl.add_argument("--select-seq-len", type=int, default=None, metavar="T",
                     help="with --select-measured: tokens per window (default 4x the profile's, within --context-len)")
+    pl.add_argument("--select-text", type=path_arg, action="append", metavar="FILE",
+                    help="with --select-measured: choose on windows of your own text (plain text or JSONL; repeatable) "
+                         "instead of the profile's; refused if it holds the profile's windows")
     _add_model_args(pl, of="profile", device_help="--refine, --select-measured: cpu, cuda or auto")
     pl.add_argument("--num-skip", type=int, default=None,
                     help="vllm: keep exactly this many layers at the model dtype (the planner picks which), besides "

@@ -121,7 +121,9 @@ def engine_uniform_plans(profile, problem, tgt, budget, objective: str, pricing,
 
 def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len: int | None = None,
                     device: str = "auto", log=print, dtype=None, device_map=None, trust_remote_code=False,
-                    model: str | None = None, loaded=None) -> Plan:
+                    model: str | None = None, loaded=None, text=None) -> Plan:
+    """The final choice by measured KL on `windows` unseen windows of the profile's text (or of `text`, the
+    user's: validate.read_user_text's (text, name))."""
     from .data import bos_prefix
     from .models import load_for_profile
     from .plan import make_plan, priced_table
@@ -149,7 +151,13 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
         raise SensprofError(f"--select-seq-len {n} is beyond the model's {limit} positions; pass at most {limit}")
     if loaded is None:
         loaded = load_for_profile(plan, meta, model, device, dtype, device_map, trust_remote_code)
-    ids, slots = selection_windows(loaded.tokenizer, plan, windows, n)
+    if text is None:
+        ids, slots = selection_windows(loaded.tokenizer, plan, windows, n)
+    else:
+        from .validate import user_windows
+
+        ids, slots = user_windows(plan, loaded.tokenizer, text, n, windows,
+                                  meta["settings"]["seed"] + SELECT_SEED_OFFSET, "--select-text")
 
     # the candidates: this plan, plans from other objectives / robustness at the same budget, uniform configurations
     gpu = plan.engine.vllm_gpu if plan.target == "vllm" else None
@@ -197,6 +205,10 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     record = {"windows": int(ids.shape[0]), "seq_len": int(ids.shape[1]), "seed": meta["settings"]["seed"]
               + SELECT_SEED_OFFSET, "window_slots": list(slots), "reads": reads, "candidates": rows,
               "chosen": best["name"], "uniform_won": bool(best["uniform"])}
+    if text is not None:  # the user's text chose the plan: which, and that validate's windows need not avoid it
+        from .data import text_digest
+
+        record |= {"text": text[1], "text_digest": text_digest(text[0])}
     if best["uniform"] and plan.target != "sensprof":
         chosen = uniforms[best["name"]]
         log(f"select: {best['name']} alone measured lower KL than every plan ({best['measured_kl']:.3e} vs "

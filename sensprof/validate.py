@@ -194,16 +194,14 @@ def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int 
         raise SensprofError(f"--seq-len {seq} is too short; use at least 2")
     count = settings["windows"] if windows is None else windows
     if text is not None:
-        _refuse_profile_overlap(plan, tokenizer, text[0], text[1])
-        ids, _, _, _ = text_windows(tokenizer, text[0], text[1], seq, count, settings["seed"] + 1)
-        return ids
+        return user_windows(plan, tokenizer, text, seq, count, settings["seed"] + 1)[0]
     exclude = set(plan.profile.window_slots or [])
     if seq != settings["seq_len"]:  # other slot boundaries: leave out every window that overlaps a profiled one
         prefix = len(bos_prefix(tokenizer))
         exclude = overlapping_slots(exclude, settings["seq_len"] - prefix, seq - prefix)
     body, name = profile_text(plan)
     chosen_on = getattr(getattr(plan, "solver", None), "select", None)  # plan --select-measured chose on these
-    if chosen_on and chosen_on.get("window_slots"):
+    if chosen_on and chosen_on.get("window_slots") and not chosen_on.get("text"):  # slots of the profile's text
         prefix = len(bos_prefix(tokenizer))
         exclude = set(exclude) | overlapping_slots(chosen_on["window_slots"], chosen_on["seq_len"] - prefix,
                                                    seq - prefix)
@@ -230,26 +228,39 @@ def profile_text(plan: Plan) -> tuple[str, str]:
     return text, name
 
 
-def read_user_text(plan: Plan, files: list[str]) -> tuple[str, str]:
-    """`validate --text`: the user's files (plain text or JSONL), refused in one line when empty, binary or the
-    profile's own text."""
+def read_user_text(profile_digest: str | None, files: list[str], flag: str = "--text",
+                   chosen_digest: str | None = None) -> tuple[str, str]:
+    """`validate --text`, `plan --select-text`: the user's files (plain text or JSONL), refused in one line when
+    empty, binary, the profile's own text (`profile_digest`) or the text the plan was chosen on (`chosen_digest`)."""
     from .data import load_text, text_digest
 
     text, name = load_text(files)
     if "\x00" in text:
-        raise SensprofError(f"--text {name} holds NUL bytes, so it is binary, not text; pass plain text or JSONL")
+        raise SensprofError(f"{flag} {name} holds NUL bytes, so it is binary, not text; pass plain text or JSONL")
     if not text.strip():
-        raise SensprofError(f"--text {name} is empty; pass a file with text in it")
-    if text_digest(text) == plan.profile.settings.get("text_digest"):
-        raise SensprofError(f"--text {name} is the text the plan was profiled on; validate on text the profile did "
-                            "not see (or leave --text out for the profile's unseen windows)")
+        raise SensprofError(f"{flag} {name} is empty; pass a file with text in it")
+    if text_digest(text) == profile_digest:
+        raise SensprofError(f"{flag} {name} is the text the plan was profiled on; pass text the profile did not see "
+                            f"(or leave {flag} out for the profile's unseen windows)")
+    if chosen_digest and text_digest(text) == chosen_digest:
+        raise SensprofError(f"{flag} {name} is the text `plan --select-text` chose the plan on; judge it on other text")
     return text, name
+
+
+def user_windows(plan: Plan, tokenizer, text: tuple[str, str], seq_len: int, count: int, seed: int,
+                 flag: str = "--text"):
+    """(ids, slots): windows of the user's text (read_user_text's), refused where it holds any profiled window."""
+    from .data import text_windows
+
+    _refuse_profile_overlap(plan, tokenizer, text[0], text[1], flag)
+    ids, _, _, slots = text_windows(tokenizer, text[0], text[1], seq_len, count, seed)
+    return ids, slots
 
 
 OVERLAP = 32  # tokens in a row shared with a profile window that make a validation window not unseen
 
 
-def _refuse_profile_overlap(plan: Plan, tokenizer, text: str, name: str) -> None:
+def _refuse_profile_overlap(plan: Plan, tokenizer, text: str, name: str, flag: str) -> None:
     """Refuse a text that holds OVERLAP tokens in a row of any window the profile measured: windows drawn from it
     could be the profiled ones."""
     from .data import bos_prefix, text_windows, tokenize
@@ -263,8 +274,8 @@ def _refuse_profile_overlap(plan: Plan, tokenizer, text: str, name: str) -> None
             for i in range(max(1, len(row) - OVERLAP + 1))}
     tokens = tokenize(tokenizer, text)
     if any(tuple(tokens[i:i + OVERLAP]) in seen for i in range(max(1, len(tokens) - OVERLAP + 1))):
-        raise SensprofError(f"--text {name} holds {OVERLAP} or more tokens in a row of the windows the plan was "
-                            "profiled on; validate on text the profile did not see")
+        raise SensprofError(f"{flag} {name} holds {OVERLAP} or more tokens in a row of the windows the plan was "
+                            "profiled on; pass text the profile did not see")
 
 
 def validate_plan(plan: Plan, loaded, windows=None, seq_len=None, progress=None, text=None):

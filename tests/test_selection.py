@@ -274,3 +274,31 @@ def test_selection_and_refine_measure_only_the_profiled_model(sel, capsys, tmp_p
     line = one_error_line(*run_cli(capsys, "plan", str(edited), "--avg-bits", "5", "--device", "cpu",
                                    "--select-measured", "2", "--select-seq-len", "64"))
     assert "meta.json says the model has 100000 positions, but it has" in line
+
+
+def test_selection_on_the_users_own_text(sel, capsys, tmp_path):
+    """plan --select-measured N --select-text FILE chooses on the user's text and records which; validate --text on
+    the same text is refused (it chose the plan), as are --select-text without a selection and the profile's text."""
+    from conftest import one_error_line
+    from sensprof.data import builtin_corpus
+
+    mine = tmp_path / "mine.txt"
+    mine.write_text(builtin_corpus()[-30_000:])
+    plan, out = _plan(capsys, sel.profile, tmp_path / "p.json", "--select-text", str(mine))
+    s = plan.solver.select
+    assert s["text"] == "mine.txt" and len(s["text_digest"]) > 8 and s["windows"] == 2
+    assert "unseen tokens of mine.txt among" in out
+    line = one_error_line(*run_cli(capsys, "validate", str(tmp_path / "p.json"), "--device", "cpu", "--text", mine))
+    assert "is the text `plan --select-text` chose the plan on" in line
+    line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "0",
+                                   "--select-text", mine))
+    assert "--select-text is the text --select-measured chooses on, and --select-measured is 0" in line
+    from sensprof.table import load_meta
+    from sensprof.data import builtin_corpus as corpus, text_digest
+
+    assert load_meta(sel.profile)["settings"]["text_digest"] == text_digest(corpus())  # profiled on the built-in text
+    own = tmp_path / "own.txt"
+    own.write_text(corpus())
+    line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "2",
+                                   "--select-text", own, "--device", "cpu"))
+    assert "--select-text own.txt is the text the plan was profiled on" in line
