@@ -164,7 +164,8 @@ def default_profile_dir(model: str) -> str:
 def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, max_model_len=None,
          max_num_seqs=None, context_len=None, target="sensprof", objective="kl", robust=0.0, refine=0,
          num_skip=None, vllm_gpu=None, llamacpp_build=None, model=None, device="auto", dtype=None, device_map=None,
-         trust_remote_code=False, out=None, log=print, select_measured=None, select_seq_len=None, select_text=None):
+         trust_remote_code=False, out=None, log=print, select_measured=None, select_seq_len=None, select_text=None,
+         per_layer=False):
     """Solve for each layer's K and V scheme under one budget, then make the final choice among plans and uniform
     configurations by measured KL on `select_measured` unseen windows (sensprof.selection; default
     DEFAULT_SELECT_WINDOWS for the targets that have a choice and no --num-skip, 0: by predicted damage alone); with
@@ -196,7 +197,7 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
 
         user_text = read_user_text(load_meta(profile_dir)["settings"].get("text_digest"), select_text,
                                    "--select-text")
-    result = make_plan(profile_dir, target, budget, objective, num_skip, vllm_gpu, llamacpp_build, robust)
+    result = make_plan(profile_dir, target, budget, objective, num_skip, vllm_gpu, llamacpp_build, robust, per_layer)
     if refine:
         from .refine import refine_plan
 

@@ -62,6 +62,10 @@ class VllmSettings(EngineSettings):
     skip_layers: tuple[int, ...] = ()
     forced_skip_layers: tuple[int, ...] = ()  # boundary layers vLLM itself keeps at the model dtype
     vllm_gpu: str | None = None
+    # a per-layer plan (plan --per-layer), served by sensprof's vLLM plugin (plugins/vllm): each layer's dtype, and
+    # the model class the plugin checks the served model against; empty: one dtype plus skipped layers
+    layer_dtypes: tuple[str, ...] = ()
+    architecture: str | None = None
 
 
 @dataclass(frozen=True)
@@ -255,6 +259,16 @@ class Plan:
                                                         for i in layers) or len(set(layers)) != len(layers):
                 raise SensprofError(f"plan {path!r} lists engine {field} {list(layers) if isinstance(layers, tuple) else layers!r}, "
                                     f"not distinct layers of its {n}; {redo}")
+        dtypes = getattr(self.engine, "layer_dtypes", ())
+        if dtypes:
+            from .targets import PER_LAYER_DTYPES
+
+            allowed = PER_LAYER_DTYPES.get(self.engine.vllm_gpu, ())
+            if (not isinstance(dtypes, tuple) or len(dtypes) != n or any(d not in allowed for d in dtypes)
+                    or not isinstance(self.engine.architecture, str)):
+                raise SensprofError(f"plan {path!r} lists per-layer vLLM dtypes that are not one of "
+                                    f"{', '.join(allowed) or 'none'} for each of its {n} layers (with the model's "
+                                    f"architecture); {redo}")
         select = self.solver.select
         if select is not None:
             want = {"chosen": str, "uniform_won": bool, "windows": int, "seq_len": int, "candidates": list}
@@ -284,8 +298,9 @@ class Plan:
                     f"{shape[0]} x {shape[1]}; pass the model it was planned for with --model, or re-plan")
 
     def default_path(self) -> str:
-        """plans/<model>-<target>-<budget>.json"""
-        return os.path.join("plans", f"{safe_name(self.model_id)}-{self.target}-{self.budget.tag()}.json")
+        """plans/<model>-<target>[-per-layer]-<budget>.json"""
+        kind = self.target + ("-per-layer" if getattr(self.engine, "layer_dtypes", ()) else "")
+        return os.path.join("plans", f"{safe_name(self.model_id)}-{kind}-{self.budget.tag()}.json")
 
     def describe(self) -> str:
         """The plan as a person reads it: storage, prediction, engine settings, one line per layer."""

@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "and says so (loads the model; default 2, 0 with --num-skip; 0: by predicted damage alone)")
     pl.add_argument("--select-seq-len", type=int, default=None, metavar="T",
                     help="with --select-measured: tokens per window (default 4x the profile's, within --context-len)")
+    pl.add_argument("--per-layer", action="store_true",
+                    help="vllm --vllm-gpu cpu: each layer its own --kv-cache-dtype (auto, fp8_e4m3, fp8_e5m2), served "
+                         "by sensprof's vLLM plugin (plugins/vllm); export prints its --additional-config")
     pl.add_argument("--select-text", type=path_arg, action="append", metavar="FILE",
                     help="with --select-measured: choose on windows of your own text (plain text or JSONL; repeatable) "
                          "instead of the profile's; refused if it holds the profile's windows")

@@ -6,6 +6,8 @@ swapped for llama.cpp) shows that the agreement bounds still catch a real disagr
 
 from __future__ import annotations
 
+import dataclasses
+
 from .artifacts import LayerPlan, LlamacppSettings, Plan, VllmSettings
 from .validate_engine import LLAMACPP_BASELINE, LLAMACPP_FLOOR, VLLM_BASELINE, EngineRun, llamacpp_run, vllm_run
 
@@ -39,6 +41,28 @@ def vllm_cpu_runs(model_id: str, model, absmax, skip=(), round_to_nearest: bool 
                                                                                            engine=settings)
             runs.append(vllm_run(plan, "cpu", name + (" skip" if kept else "")))
     return runs
+
+
+def vllm_cpu_mixed_run(model_id: str, model, skip=(), round_to_nearest: bool = False) -> EngineRun:
+    """A per-layer plan for sensprof's vLLM plugin mixing every dtype it serves on the CPU backend: `skip` layers
+    auto, the rest fp8_e4m3 and fp8_e5m2 in turn (emulated with the CPU's rounding toward zero, or, as a wrong
+    emulation, round to nearest)."""
+    from .planner import per_layer_engine
+    from .targets import get_target
+
+    by_flag = {d.flag_value: d for d in get_target("vllm", "cpu", per_layer=True).dtypes}
+    base = uniform_plan(model_id, model, "none", "none")
+    pick = [by_flag["auto" if i in skip else ("fp8_e4m3", "fp8_e5m2")[i % 2]] for i in range(len(base.layers))]
+    settings = VllmSettings(**{k: tuple(v) if isinstance(v, list) else v
+                               for k, v in per_layer_engine(pick, "cpu").items()}, architecture=type(model).__name__)
+    layers = [dataclasses.replace(p, k_scheme=_rounded(d.k_scheme, round_to_nearest),
+                                  v_scheme=_rounded(d.v_scheme, round_to_nearest)) for p, d in zip(base.layers, pick)]
+    plan = base.replace(target="vllm", engine=settings, layers=layers)
+    return vllm_run(plan, "cpu", "per-layer mix")
+
+
+def _rounded(scheme: str, round_to_nearest: bool) -> str:
+    return scheme.removesuffix("_rtz") if round_to_nearest else scheme
 
 
 def llamacpp_runs(model_id: str, model, pairs=LLAMACPP_PAIRS, swap: bool = False) -> list[EngineRun]:

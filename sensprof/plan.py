@@ -8,6 +8,7 @@ import sys
 
 from .artifacts import LayerPlan, Plan, Predicted, SolverRecord, engine_settings, now, predicted_summary, profile_ref
 from .constants import GIB
+from .errors import SensprofError
 from .engines.vllm import facts
 from .memory import bits_held_per_element, tokens_held
 from .schemes import get_scheme
@@ -79,15 +80,18 @@ def priced_table(profile, target: str, tgt, context_len: int | None):
 
 
 def make_plan(profile_dir: str, target: str, budget, objective: str = "kl", num_skip=None, vllm_gpu=None,
-              llamacpp_build=None, robust: float = 0.0) -> Plan:
+              llamacpp_build=None, robust: float = 0.0, per_layer: bool = False) -> Plan:
     from .planner import plan, problem_from_table
     from .table import load_profile
     from .targets import get_target, llamacpp_channel_order
 
-    get_target(target, vllm_gpu, llamacpp_build)  # a bad target or option fails before the profile is read
+    get_target(target, vllm_gpu, llamacpp_build, per_layer=per_layer)  # a bad option fails before the profile is read
+    if per_layer and num_skip is not None:
+        raise SensprofError("--num-skip counts the layers a one-dtype plan keeps; --per-layer gives every layer its "
+                            "own dtype: drop one of them")
     profile = load_profile(profile_dir, require_complete=True)
     tgt = get_target(target, vllm_gpu, llamacpp_build, {layer["head_dim"] for layer in profile.meta["layers"]},
-                     llamacpp_channel_order(profile.meta["model"].get("class")))
+                     llamacpp_channel_order(profile.meta["model"].get("class")), per_layer=per_layer)
     context = budget.context_len
     if budget.kind == "serving":  # damage priced at the longest request vLLM serves, which the model's positions cap
         limit = profile.meta.get("max_positions")
@@ -96,6 +100,8 @@ def make_plan(profile_dir: str, target: str, budget, objective: str = "kl", num_
     problem = problem_from_table(table, profile.meta["layers"], objective, robust)
     solution = plan(problem, tgt, budget, num_skip)
     result = build_plan(profile, solution, target, objective, budget, pricing, table)
+    if per_layer:  # the plugin checks the served model's class against the one profiled
+        result = result.replace(engine=dataclasses.replace(result.engine, architecture=profile.meta["model"].get("class")))
     if robust:
         result = result.replace(solver=dataclasses.replace(result.solver, robust=robust))
     if target == "vllm" and budget.kind == "serving":
@@ -109,8 +115,9 @@ def vllm_layers(plan: Plan) -> list[tuple]:
     if dtype not in facts.DTYPES:
         return []
     skipped = set(plan.engine.skip_layers or [])
+    own = list(getattr(plan.engine, "layer_dtypes", ()) or ())  # a per-layer plan: each layer's, as served
     try:
-        layers = [("auto" if p.layer in skipped else dtype, p.kv_heads, p.head_dim,
+        layers = [(own[p.layer] if own else "auto" if p.layer in skipped else dtype, p.kv_heads, p.head_dim,
                    p.window if p.kind == "sliding" else None) for p in plan.layers]
         facts.plan_pool(layers)
     except (KeyError, ValueError):

@@ -116,7 +116,7 @@ def plan(problem: Problem, target: Target, budget: Budget, num_skip: int | None 
     `near` = (choices, M): the free target only, change at most M of these per-layer (K, V) choices (a trust region
     for `plan --refine`, whose in-context costs hold only near the plan they were measured around)."""
     solvers = {"free": _plan_free, "global_skip": _plan_global_skip, "global": _plan_global,
-               "global_kv": _plan_global_kv}
+               "global_kv": _plan_global_kv, "per_layer": _plan_per_layer}
     if num_skip is not None and target.structure != "global_skip":
         raise SensprofError(f"--num-skip only applies to target vllm, not {target.name}")
     if num_skip is not None and not 0 <= num_skip <= len(problem.layers):
@@ -275,6 +275,46 @@ def _plan_global_skip(problem: Problem, target: Target, budget: Budget, num_skip
               "v_scheme": dt.v_scheme, "skip_layers": skipped, "forced_skip_layers": sorted(forced[d]),
               "needs_scales": dt.needs_scales, "vllm_gpu": target.gpu}
     return _finish(problem, budget, choices, engine, status, elapsed)
+
+
+def _plan_per_layer(problem: Problem, target: Target, budget: Budget) -> Solution:
+    """Each layer its own dtype, its K and V as that dtype stores them (vLLM through sensprof's plugin)."""
+    import pulp
+
+    t0 = time.perf_counter()
+    layers, limit, sc = problem.layers, budget.limit(problem.layers), _scale(problem)
+    n = len(layers)
+    _dtypes_both(problem, target, include_none=False)  # refuses a profile with none of the target's schemes
+    dts = _dtypes_both(problem, target, include_none=True)
+    cost = {(i, d): _cost(budget, layers[i], dts[d].k_scheme) + _cost(budget, layers[i], dts[d].v_scheme)
+            for i in range(n) for d in range(len(dts))}
+    _require_feasible(sum(min(cost[(i, d)] for d in range(len(dts))) for i in range(n)), budget, layers, target)
+    prob = pulp.LpProblem("sensprof_vllm_per_layer", pulp.LpMinimize)
+    x = {k: pulp.LpVariable(f"x_{k[0]}_{k[1]}", cat="Binary") for k in cost}
+    prob += pulp.lpSum(sc * (problem.cell(i, "K", dts[d].k_scheme) + problem.cell(i, "V", dts[d].v_scheme)) * v
+                       for (i, d), v in x.items())
+    for i in range(n):
+        prob += pulp.lpSum(x[(i, d)] for d in range(len(dts))) == 1
+    prob += pulp.lpSum(cost[k] / limit * v for k, v in x.items()) <= 1 + 1e-9
+    status, elapsed = _solve(prob, t0)
+    if status != "Optimal":
+        raise SensprofError(f"the solver ended with status {status}; try a larger budget")
+    pick = [dts[next(d for d in range(len(dts)) if x[(i, d)].value() > 0.5)] for i in range(n)]
+    return _finish(problem, budget, [d.schemes for d in pick], per_layer_engine(pick, target.gpu), status, elapsed)
+
+
+def per_layer_engine(pick: list[EngineDtype], gpu: str | None) -> dict:
+    """A per-layer plan's settings: each layer's dtype, and as vLLM's one --kv-cache-dtype the one the plugin sets
+    globally (the fp8 variant most layers take: vLLM's CPU metadata builder reads the global dtype); where the
+    quantized layers share one dtype, the rest are its skipped layers, so the plan also runs without the plugin."""
+    quantized = [d for d in pick if d.k_scheme != NONE]
+    counts = {f: sum(d.flag_value == f for d in quantized) for f in dict.fromkeys(d.flag_value for d in quantized)}
+    main = max(counts, key=lambda f: (counts[f], f == "fp8_e4m3")) if counts else "auto"
+    one = next((d for d in quantized if d.flag_value == main), None)
+    expressible = len(counts) <= 1
+    return {"kv_cache_dtype": main, "k_scheme": one.k_scheme if one else NONE, "v_scheme": one.v_scheme if one else NONE,
+            "skip_layers": [i for i, d in enumerate(pick) if d.k_scheme == NONE] if expressible and one else [],
+            "vllm_gpu": gpu, "layer_dtypes": [d.flag_value for d in pick]}
 
 
 def _plan_global(problem: Problem, target: Target, budget: Budget) -> Solution:

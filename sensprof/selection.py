@@ -166,7 +166,8 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
         if (objective, robust) == (plan.objective, plan.solver.robust):
             continue
         try:
-            alt = make_plan(profile_dir, plan.target, budget, objective, vllm_gpu=gpu, robust=robust)
+            alt = make_plan(profile_dir, plan.target, budget, objective, vllm_gpu=gpu, robust=robust,
+                            per_layer=bool(getattr(plan.engine, "layer_dtypes", ())))
         except SensprofError:
             continue
         plans[label] = alt

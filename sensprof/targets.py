@@ -2,7 +2,8 @@
 
 A target offers *options* for each tensor of each layer and constraints that tie them:
   sensprof  any profiled scheme per layer, K and V independent (sensprof's own runtime runs it)
-  vllm      one global --kv-cache-dtype (its K and V formats), plus layers kept at the model dtype
+  vllm      one global --kv-cache-dtype (its K and V formats), plus layers kept at the model dtype; with
+            per_layer, each layer its own dtype (served by sensprof's vLLM plugin, plugins/vllm)
   sglang    one global dtype for K and V, no skipping
   llamacpp  one K type and one V type for all layers (-ctk / -ctv)
 """
@@ -48,7 +49,12 @@ def same(flag: str, scheme: str | None = None, **kw) -> EngineDtype:
 
 
 # how the engine lets choices vary: per layer and tensor, one dtype plus skipped layers, one for K and V, one each
-Structure = Literal["free", "global_skip", "global", "global_kv"]
+Structure = Literal["free", "global_skip", "global", "global_kv", "per_layer"]
+
+# The dtypes sensprof's vLLM plugin gives a layer of its own, per platform (plugins/vllm, docs/vllm-plugin.md: checked
+# in the running engine on vLLM's CPU backend only; calibrated scales need a checkpoint kv_cache_scheme, which would
+# override the plan, so none are offered)
+PER_LAYER_DTYPES = {"cpu": ("auto", "fp8_e4m3", "fp8_e5m2")}
 
 
 @dataclass(frozen=True)
@@ -120,9 +126,13 @@ def engine_dtypes(gpu: str, head_dims=None):
 
 
 def get_target(name: str, vllm_gpu: str | None = None, llamacpp_build: str | None = None,
-               head_dims=None, channel_order: str = "halves") -> Target:
+               head_dims=None, channel_order: str = "halves", per_layer: bool = False) -> Target:
     """The target as the planner sees it: vLLM's dtypes that run on `vllm_gpu` (default hopper) with the model's
-    `head_dims`, llama.cpp's pairs that `llamacpp_build` runs, its keys in the GGUF's `channel_order`."""
+    `head_dims` (per_layer: each layer its own, of PER_LAYER_DTYPES), llama.cpp's pairs that `llamacpp_build` runs,
+    its keys in the GGUF's `channel_order`."""
+    if per_layer and name != "vllm":
+        raise SensprofError(f"--per-layer gives each vLLM layer its own dtype; target {name} has none: drop it or "
+                            "use --target vllm --vllm-gpu cpu")
     try:
         target = TARGETS[name]
     except KeyError:
@@ -133,7 +143,19 @@ def get_target(name: str, vllm_gpu: str | None = None, llamacpp_build: str | Non
         raise SensprofError(f"--llamacpp-build only applies to target llamacpp, not {name}")
     if name == "vllm":
         gpu = check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU)
-        return dataclasses.replace(target, dtypes=engine_dtypes(gpu, head_dims), gpu=gpu)
+        if not per_layer:
+            return dataclasses.replace(target, dtypes=engine_dtypes(gpu, head_dims), gpu=gpu)
+        if gpu not in PER_LAYER_DTYPES:
+            raise SensprofError(f"--per-layer plans are served by sensprof's vLLM plugin, checked on vLLM's CPU backend "
+                                f"only so far, not on {GPU_NAMES.get(gpu, gpu)}: plan with --vllm-gpu cpu, or drop "
+                                "--per-layer")
+        spelled = {"fp8": "fp8_e4m3"}  # the plugin names each layer's dtype in full (fp8 is e4m3 in vLLM)
+        dtypes = (same("auto", "none"),) + tuple(
+            EngineDtype(spelled.get(d.flag_value, d.flag_value), d.k_scheme, d.v_scheme)
+            for d in engine_dtypes(gpu, head_dims)
+            if spelled.get(d.flag_value, d.flag_value) in PER_LAYER_DTYPES[gpu] and not d.needs_scales)
+        return dataclasses.replace(target, structure="per_layer", dtypes=dtypes, gpu=gpu,
+                                   description="each layer its own --kv-cache-dtype, through sensprof's vLLM plugin")
     if name == "llamacpp" and channel_order != "halves":
         target = dataclasses.replace(target, dtypes=llamacpp_types(channel_order), channel_order=channel_order)
     if llamacpp_build is not None:

@@ -133,6 +133,11 @@ def vllm_run(plan: Plan, platform: str, name: str = "plan") -> EngineRun:
         raise SensprofError(f"--kv-cache-dtype {dtype} does not run on {GPU_NAMES.get(platform, platform)} ({why})")
     settings = {"kv_cache_dtype": dtype, "skip_layers": list(plan.engine.skip_layers or []),
                 "scaled": bool(plan.engine.needs_scales)}
+    if getattr(plan.engine, "layer_dtypes", ()):  # served through sensprof's vLLM plugin, as exported
+        from .export.vllm import PLUGIN_KEY, plugin_plan
+
+        settings = {"kv_cache_dtype": dtype, "skip_layers": [], "scaled": False,
+                    "additional_config": {PLUGIN_KEY: plugin_plan(plan)}}
     return EngineRun(name, settings, plan)
 
 
@@ -193,7 +198,8 @@ def run_vllm(engine: EnginePython, loaded, runs: list[EngineRun], ids: torch.Ten
                             "pass --dtype float32")
     dirs = _write_checkpoints(loaded.model, loaded.tokenizer, runs, workdir)
     configs = [{"model": dirs[i], "kv_cache_dtype": r.settings["kv_cache_dtype"],
-                "skip_layers": r.settings["skip_layers"], "out": os.path.join(workdir, f"run{i}.pt")}
+                "skip_layers": r.settings["skip_layers"], "out": os.path.join(workdir, f"run{i}.pt"),
+                **({"additional_config": r.settings["additional_config"]} if "additional_config" in r.settings else {})}
                for i, r in enumerate(runs)]
     job = {"windows": ids.tolist(), "max_model_len": int(ids.shape[1]) + 1, "dtype": "float32", "configs": configs}
     run_job("vllm", engine.python, job, workdir, log_path, timeout=ENGINE_TIMEOUT_S)
@@ -204,7 +210,23 @@ def run_vllm(engine: EnginePython, loaded, runs: list[EngineRun], ids: torch.Ten
         if not isinstance(h, torch.Tensor) or h.dim() != 3 or tuple(h.shape[:2]) != tuple(ids.shape):
             raise SensprofError(f"vLLM's output for {r.name!r} holds no hidden states for these {ids.shape[0]} x "
                                 f"{ids.shape[1]} tokens; {_REINSTALL}")
+        check_served_dtypes(r, out[r.name].get("layers"))
     return out
+
+
+def check_served_dtypes(run: EngineRun, layers) -> None:
+    """A per-layer plan is judged only if vLLM built every layer with the plan's dtype (its own per-layer state,
+    as the runner read it): otherwise the engine served another configuration than the one priced."""
+    want = list(getattr(run.plan.engine, "layer_dtypes", ()) or ()) if run.plan is not None else []
+    if not want:
+        return
+    got = [str(layer.get("kv_cache_dtype")) for layer in layers or [] if isinstance(layer, dict)]
+    if got != want:
+        bad = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+        raise SensprofError(f"vLLM built {len(got)} attention layers, layer {bad} with "
+                            f"{got[bad] if bad < len(got) else 'nothing'} where the plan says "
+                            f"{want[bad] if bad < len(want) else 'nothing'}: install sensprof's vLLM plugin in the "
+                            "engine's environment (bash tools/engines/install.sh vllm)")
 
 
 def run_llamacpp(engine: EnginePython, gguf: str, runs: list[EngineRun], ids: torch.Tensor, workdir: str,
@@ -484,8 +506,9 @@ def agreement_rows(engine: EnginePython, runs: list[EngineRun], ids: torch.Tenso
 def check_engine_for_plan(engine_name: str, plan: Plan, engine: EnginePython) -> list[EngineRun]:
     """The runs for this plan, after refusing (one line each) what this engine cannot run here."""
     if engine_name == "llamacpp":
+        run = llamacpp_run(plan)  # a plan for another target is told so first, before its model is looked at
         gguf_path(plan.model_id)
-        return [LLAMACPP_BASELINE, LLAMACPP_FLOOR, llamacpp_run(plan)]
+        return [LLAMACPP_BASELINE, LLAMACPP_FLOOR, run]
     platform = engine_platform(engine)
     run = vllm_run(plan, platform)
     if platform == "cpu" and plan.engine.kv_cache_dtype.startswith("fp8") and not cpu_has_fp8(engine):

@@ -56,7 +56,8 @@ def tensor_cost(budget: Budget, layer: dict, scheme: str) -> float:
 def cost_table(budget: Budget, layers) -> dict:
     """(layer, scheme) -> cost of one tensor, for every scheme the tests use."""
     names = {NONE, *FREE_K, *FREE_V, *VLLM_SCHEMES, *SGLANG_SCHEMES, *LLAMA_K, *LLAMA_V}
-    names |= {s for t in (*TARGETS.values(), get_target("vllm")) for d in t.dtypes for s in d.schemes}
+    names |= {s for t in (*TARGETS.values(), get_target("vllm"), get_target("vllm", "cpu", per_layer=True))
+              for d in t.dtypes for s in d.schemes}
     return {(i, s): tensor_cost(budget, layer, s) for i, layer in enumerate(layers) for s in names}
 
 
@@ -92,6 +93,9 @@ def assignments(problem: Problem, target, num_skip=None):
         dts = [d for d in target.dtypes if d.k_scheme == NONE or (d.k_scheme in opts_k and d.v_scheme in opts_v)]
         for d in dict.fromkeys(dts):
             yield [d.schemes] * n
+    elif target.structure == "per_layer":
+        dts = [d for d in target.dtypes if d.k_scheme == NONE or (d.k_scheme in opts_k and d.v_scheme in opts_v)]
+        yield from ([d.schemes for d in c] for c in itertools.product(dts, repeat=n))
     else:
         ks = [d for d in target.dtypes if d.k_scheme == NONE or d.k_scheme in opts_k]
         vs = [d for d in target.dtypes if d.v_scheme == NONE or d.v_scheme in opts_v]
@@ -169,6 +173,9 @@ def check_structure(problem, target, sol, num_skip=None):
             assert sol.engine.kv_cache_dtype == "auto"
         if num_skip is not None and kept:
             assert len(skipped) - len(forced) == num_skip
+        return
+    if target.structure == "per_layer":  # each layer one of the target's dtypes, K and V as it stores them
+        assert all(engine_dtype_for(target, k, v) is not None or (k, v) == (NONE, NONE) for k, v in sol.choices)
         return
     assert len(set(sol.choices)) == 1, f"{target.name} needs one type for every layer: {sol.choices}"
     k, v = sol.choices[0]
@@ -724,3 +731,26 @@ def test_an_interrupted_solve_leaves_no_solver_files(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         plan(problem, TARGETS["sensprof"], budget)
     assert os.listdir(tmp_path) == []
+
+
+VLLM_CPU_PER_LAYER = get_target("vllm", "cpu", per_layer=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("seed", range(3))
+def test_per_layer_vllm_target_is_optimal(seed, kind):
+    """Each layer its own dtype (auto, fp8_e4m3, fp8_e5m2 on vLLM's CPU backend): the solver's plan is the best
+    assignment a brute force finds, and its settings say each layer's dtype."""
+    rng = random.Random(3000 + seed)
+    problem = random_problem(rng, 3, ["fp8_e4m3_rtz", "fp8_e5m2_rtz"], ["fp8_e4m3_rtz", "fp8_e5m2_rtz"])
+    for _ in range(2):
+        sol = check_against_brute_force(problem, VLLM_CPU_PER_LAYER, budget_between(rng, problem, VLLM_CPU_PER_LAYER,
+                                                                                    kind))
+        if sol is None:
+            continue
+        names = {"none": "auto", "fp8_e4m3_rtz": "fp8_e4m3", "fp8_e5m2_rtz": "fp8_e5m2"}
+        assert list(sol.engine.layer_dtypes) == [names[k] for k, _ in sol.choices]
+        quantized = {d for d in sol.engine.layer_dtypes if d != "auto"}
+        assert sol.engine.kv_cache_dtype in (quantized or {"auto"})
+        if len(quantized) == 1:  # expressible without the plugin: the auto layers are the skipped ones
+            assert list(sol.engine.skip_layers) == [i for i, d in enumerate(sol.engine.layer_dtypes) if d == "auto"]

@@ -391,3 +391,19 @@ def test_engine_python_without_an_engine_and_a_wrong_env_python_are_one_line(cap
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(SensprofError, match=r"\$SENSPROF_VLLM_PYTHON names .* which cannot import vllm"):
             find_engine_python("vllm")
+
+
+def test_a_per_layer_plan_is_judged_only_as_vllm_built_it(model):
+    """validate --engine vllm of a per-layer plan passes it to sensprof's plugin (--additional-config) and refuses
+    to judge it unless vLLM's own per-layer state says every layer got the plan's dtype (a vLLM without the plugin
+    builds every layer with the global dtype)."""
+    from sensprof.engine_checks import vllm_cpu_mixed_run
+    from sensprof.validate_engine import check_served_dtypes
+
+    run = vllm_cpu_mixed_run("tiny", model, skip=(1,))
+    assert run.settings["additional_config"]["sensprof_plan"]["layers"] == ["fp8_e4m3", "auto", "fp8_e4m3"]
+    check_served_dtypes(run, [{"kv_cache_dtype": d} for d in ("fp8_e4m3", "auto", "fp8_e4m3")])
+    with pytest.raises(SensprofError, match="layer 1 with fp8_e4m3 where the plan says auto: install sensprof's vLLM "
+                                            "plugin"):
+        check_served_dtypes(run, [{"kv_cache_dtype": "fp8_e4m3"}] * 3)
+    check_served_dtypes(vllm_run(vllm_plan(model), "cpu"), [])  # a one-dtype plan: nothing to check

