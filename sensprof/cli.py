@@ -179,10 +179,14 @@ def main(argv=None) -> int:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
+RESUMABLE = {"profile"}  # the commands that keep their finished work on disk and take it up again
+
+
 def _main(argv=None) -> int:
     from .cli_args import build_parser
 
     parser = build_parser()
+    args = None
     try:
         args = parser.parse_args(argv)
         if not args.command:
@@ -193,7 +197,10 @@ def _main(argv=None) -> int:
         print(f"sensprof: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("sensprof: interrupted; run the same command again to resume", file=sys.stderr)
+        command = getattr(args, "command", None)
+        print("sensprof: interrupted; " + ("run the same command again to resume" if command in RESUMABLE else
+                                          f"`sensprof {command or ''}` does not resume: run it again"),
+              file=sys.stderr)
         return 130
     except MemoryError:
         print("sensprof: error: out of memory; use fewer --windows, a shorter --seq-len or --variants-per-pass 1",

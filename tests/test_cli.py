@@ -561,3 +561,18 @@ def test_subprocess_schemes():
     r = run_module("schemes")
     assert r.returncode == 0 and r.stderr == ""
     assert "q4_0" in r.stdout and "int4_c32" in r.stdout
+
+
+def test_ctrl_c_promises_a_resume_only_where_there_is_one(capsys, monkeypatch):
+    """plan and validate said "run the same command again to resume" after Ctrl-C, with nothing to resume."""
+    from sensprof import api
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "plan", interrupted)
+    monkeypatch.setattr(api, "profile", interrupted)
+    rc, _, err = run_cli(capsys, "plan", "profiles/x", "--avg-bits", "5")
+    assert rc == 130 and "interrupted; `sensprof plan` does not resume: run it again" in err and "resume\n" not in err
+    rc, _, err = run_cli(capsys, "profile", "--model", "m")
+    assert rc == 130 and "interrupted; run the same command again to resume" in err
