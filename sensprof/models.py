@@ -82,7 +82,9 @@ def resolve_model(name: str) -> dict:
         return {"path": pkg_dir, "gguf_file": spec["gguf_file"], "kind": "builtin"}
     if name.endswith(".gguf"):
         if not os.path.isfile(name):
-            raise SensprofError(f"GGUF file {name!r} does not exist; check the path given to --model")
+            what = ("is a folder, not a GGUF file" if os.path.isdir(name) else
+                    "is not a regular file (a FIFO or device?)" if os.path.exists(name) else "does not exist")
+            raise SensprofError(f"GGUF file {name!r} {what}; check the path given to --model")
         return {"path": os.path.dirname(os.path.abspath(name)), "gguf_file": os.path.basename(name), "kind": "gguf"}
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):

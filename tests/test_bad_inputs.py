@@ -840,3 +840,12 @@ def test_plan_fields_are_checked_on_load(capsys, tmp_path, edit, message):
     Path(path).write_text(json.dumps(obj))  # NaN as JSON's NaN, as a hand edit in Python would write it
     line = one_error_line(*run_cli(capsys, "export", path, "--format", "vllm"))
     assert re.search(message, line) and "re-run `sensprof plan`" in line, line
+
+
+def test_a_folder_or_fifo_named_like_a_gguf_file_is_called_what_it_is(capsys, tmp_path):
+    (tmp_path / "dir.gguf").mkdir()
+    os.mkfifo(tmp_path / "pipe.gguf")
+    for name, what in (("dir.gguf", "is a folder, not a GGUF file"), ("pipe.gguf", "is not a regular file"),
+                       ("gone.gguf", "does not exist")):
+        line = one_error_line(*run_cli(capsys, "profile", "--model", str(tmp_path / name), "--out", tmp_path / "p"))
+        assert what in line, line
