@@ -178,6 +178,12 @@ def test_last_error_picks_the_exception_line():
     text = "INFO starting\nTraceback (most recent call last):\n  File \"x.py\", line 1\nValueError: bad dtype\nbye\n"
     assert last_error(text) == "ValueError: bad dtype"
     assert last_error("") == "(no output)"
+    # a warning that mentions an error after the real exception is not the error
+    noisy = ("Traceback (most recent call last):\n  File \"x\", line 1\nRuntimeError: cache too small\n"
+             "WARNING 12-03 [logger.py] error reporting is disabled\n")
+    assert last_error(noisy) == "RuntimeError: cache too small"
+    assert last_error("INFO starting\nsomething error: disk full\nWARNING: errors ignored\n") == \
+        "something error: disk full"
 
 
 def test_cli_validate_engine_refusals_are_one_line(tmp_path, capsys, model):

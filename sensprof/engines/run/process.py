@@ -15,14 +15,19 @@ from ...files import atomic_write_text
 from ...reaper import fate_share
 
 RUNNERS = {"vllm": "vllm_runner.py", "llamacpp": "llamacpp_runner.py"}
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b(: |$)")  # Python's "KeyError: ..." lines
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|Killed|Segmentation fault|out of memory)", re.I)
+_WARNING_LINE = re.compile(r"warn", re.I)
 
 
 def last_error(text: str) -> str:
-    """The line of an engine's output that says what went wrong: its last exception line, else its last line."""
+    """The line of an engine's output that says what went wrong: its last exception line, else its last line that
+    speaks of an error and is no warning, else its last line."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if _ERROR_LINE.search(ln) and not ln.startswith(("File ", "Traceback"))]
-    line = (errors or lines or ["(no output)"])[-1]
+    exceptions = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
+    errors = [ln for ln in lines if _ERROR_LINE.search(ln) and not _WARNING_LINE.search(ln)
+              and not ln.startswith(("File ", "Traceback"))]
+    line = (exceptions or errors or lines or ["(no output)"])[-1]
     return line if len(line) <= 400 else line[:397] + "..."
 
 
