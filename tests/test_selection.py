@@ -302,3 +302,11 @@ def test_selection_on_the_users_own_text(sel, capsys, tmp_path):
     line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "2",
                                    "--select-text", own, "--device", "cpu"))
     assert "--select-text own.txt is the text the plan was profiled on" in line
+
+
+def test_selection_beyond_the_served_context_is_refused(sel, capsys):
+    from conftest import one_error_line
+
+    line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "2",
+                                   "--context-len", "64", "--select-seq-len", "128", "--device", "cpu"))
+    assert "--select-seq-len 128 is beyond the served context of 64 tokens" in line
