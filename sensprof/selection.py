@@ -234,6 +234,9 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
             "the plan is that configuration")
     else:
         chosen = plans[best["name"]]
+        if chosen.predicted.objective != "kl":  # its prediction is stated in KL, what the choice and the joint factor
+            chosen = chosen.replace(predicted=dataclasses.replace(  # measure (a dNLL sum would print "pred KL nan")
+                chosen.predicted, damage=best["predicted_kl"], objective="kl"))
         log(f"select: {best['name']} measured the lowest KL ({best['measured_kl']:.3e})")
     if joint:
         record["joint_factor"] = joint

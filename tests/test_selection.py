@@ -310,3 +310,24 @@ def test_selection_beyond_the_served_context_is_refused(sel, capsys):
     line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "2",
                                    "--context-len", "64", "--select-seq-len", "128", "--device", "cpu"))
     assert "--select-seq-len 128 is beyond the served context of 64 tokens" in line
+
+
+def test_a_dnll_candidate_that_wins_states_its_prediction_in_kl(sel, capsys, tmp_path, monkeypatch):
+    """When the other-objective (dNLL) plan measures best, the plan's printed prediction is its KL sum (the joint
+    factor is quoted against it), not a dNLL sum shown as 'pred KL nan'."""
+    import sensprof.validate as validate
+
+    real = validate.measure
+
+    def dnll_plan_wins(model, ids, configs, *a, **k):
+        out = real(model, ids, configs, *a, **k)
+        if "plan (objective dnll)" in out:
+            out["plan (objective dnll)"]["kl"] = min(m["kl"] for m in out.values() if "kl" in m) / 2
+        return out
+
+    monkeypatch.setattr(validate, "measure", dnll_plan_wins)
+    plan, out = _plan(capsys, sel.profile, tmp_path / "p.json")
+    assert plan.solver.select["chosen"] == "plan (objective dnll)" and plan.objective == "dnll"
+    assert plan.predicted.objective == "kl"
+    row = next(r for r in plan.solver.select["candidates"] if r["name"] == "plan (objective dnll)")
+    assert plan.predicted.damage == pytest.approx(row["predicted_kl"]) and plan.predicted.damage > 0
