@@ -65,8 +65,12 @@ def bos_prefix(tokenizer) -> list[int]:
     return []
 
 
+PROFILE_FLAGS = ("--text", "--windows", "--seq-len")  # what a user changes to get other windows, per command
+SELECT_FLAGS = ("--select-text", "--select-measured", "--select-seq-len")
+
+
 def make_windows(tokens: list[int], seq_len: int, n_windows: int, seed: int = 0,
-                 prefix: list[int] | None = None, exclude: set[int] | None = None):
+                 prefix: list[int] | None = None, exclude: set[int] | None = None, flags=PROFILE_FLAGS):
     """Pick n non-overlapping windows from aligned slots, deterministically for a seed.
 
     Returns (tensor [n, seq_len], slot indices) so another stage can take windows other than these.
@@ -88,7 +92,7 @@ def make_windows(tokens: list[int], seq_len: int, n_windows: int, seed: int = 0,
     if len(free) < n_windows:
         raise SensprofError(
             f"the text holds {len(free)} free windows of {seq_len} tokens but {n_windows} were asked for; "
-            "pass a longer --text, fewer --windows or a smaller --seq-len")
+            f"pass a longer {flags[0]}, fewer {flags[1]} or a smaller {flags[2]}")
     chosen = sorted(random.Random(seed).sample(free, n_windows))
     rows = [prefix + tokens[s * body:(s + 1) * body] for s in chosen]
     return torch.tensor(rows, dtype=torch.long), chosen
@@ -125,19 +129,22 @@ def parse_seq_lens(spec, limit: int | None = None) -> list[int]:
     return lengths
 
 
-def select_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 0, exclude=None):
+def select_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 0, exclude=None,
+                   flags=PROFILE_FLAGS):
     """Deterministic token windows: (ids [W, T], text name, text digest, slot indices).
 
     The slots let a later stage (validation) take windows other than the profiled ones.
     """
     if seq_len < 2:
         raise SensprofError(f"--seq-len {seq_len} is too short; use at least 2")
-    return text_windows(tokenizer, *load_text(text_files), seq_len, windows, seed, exclude)
+    return text_windows(tokenizer, *load_text(text_files), seq_len, windows, seed, exclude, flags)
 
 
-def text_windows(tokenizer, text: str, name: str, seq_len: int, windows: int, seed: int = 0, exclude=None):
+def text_windows(tokenizer, text: str, name: str, seq_len: int, windows: int, seed: int = 0, exclude=None,
+                 flags=PROFILE_FLAGS):
     """select_windows of a text already read: a Ray worker gets the driver's text, not its files."""
-    ids, slots = make_windows(tokenize(tokenizer, text), seq_len, windows, seed, bos_prefix(tokenizer), exclude)
+    ids, slots = make_windows(tokenize(tokenizer, text), seq_len, windows, seed, bos_prefix(tokenizer), exclude,
+                              flags)
     return ids, name, text_digest(text), slots
 
 

@@ -61,13 +61,13 @@ def select_or_explain(plan: Plan, profile_dir: str, budget, windows: int, seq_le
 
 def selection_windows(tokenizer, plan: Plan, windows: int, seq_len: int):
     """(ids, slots): windows of the profile's text that overlap no profiled window."""
-    from .data import bos_prefix, overlapping_slots, select_windows
+    from .data import SELECT_FLAGS, bos_prefix, overlapping_slots, select_windows
 
     settings = plan.profile.settings
     prefix = len(bos_prefix(tokenizer))
     exclude = overlapping_slots(set(plan.profile.window_slots or []), settings["seq_len"] - prefix, seq_len - prefix)
     ids, _, _, slots = select_windows(tokenizer, plan.profile.text_files, seq_len, windows,
-                                      settings["seed"] + SELECT_SEED_OFFSET, exclude)
+                                      settings["seed"] + SELECT_SEED_OFFSET, exclude, SELECT_FLAGS)
     return ids, slots
 
 

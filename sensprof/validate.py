@@ -250,10 +250,11 @@ def read_user_text(profile_digest: str | None, files: list[str], flag: str = "--
 def user_windows(plan: Plan, tokenizer, text: tuple[str, str], seq_len: int, count: int, seed: int,
                  flag: str = "--text"):
     """(ids, slots): windows of the user's text (read_user_text's), refused where it holds any profiled window."""
-    from .data import text_windows
+    from .data import PROFILE_FLAGS, SELECT_FLAGS, text_windows
 
     _refuse_profile_overlap(plan, tokenizer, text[0], text[1], flag)
-    ids, _, _, slots = text_windows(tokenizer, text[0], text[1], seq_len, count, seed)
+    ids, _, _, slots = text_windows(tokenizer, text[0], text[1], seq_len, count, seed,
+                                    flags=SELECT_FLAGS if flag == "--select-text" else PROFILE_FLAGS)
     return ids, slots
 
 

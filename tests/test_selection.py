@@ -331,3 +331,11 @@ def test_a_dnll_candidate_that_wins_states_its_prediction_in_kl(sel, capsys, tmp
     assert plan.predicted.objective == "kl"
     row = next(r for r in plan.solver.select["candidates"] if r["name"] == "plan (objective dnll)")
     assert plan.predicted.damage == pytest.approx(row["predicted_kl"]) and plan.predicted.damage > 0
+
+
+def test_too_many_selection_windows_name_the_selection_flags(sel, capsys):
+    from conftest import one_error_line
+
+    line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "100000",
+                                   "--device", "cpu"))
+    assert "pass a longer --select-text, fewer --select-measured or a smaller --select-seq-len" in line
