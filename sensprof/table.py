@@ -78,8 +78,9 @@ def check_out_dir(out_dir: str, settings: dict) -> dict | None:
         return None
     meta = load_meta(out_dir)
     old = meta.get("settings", {})
-    diffs = [f"{k}: {old.get(k)!r} there, {settings.get(k)!r} now" for k in sorted(set(old) | set(settings))
-             if old.get(k) != settings.get(k)]
+    implied = {"reads": "streaming"}  # a setting left out of meta.json where it has its default (profile.py)
+    diffs = [f"{k}: {old.get(k, implied.get(k))!r} there, {settings.get(k, implied.get(k))!r} now"
+             for k in sorted(set(old) | set(settings)) if old.get(k) != settings.get(k)]
     if diffs:
         raise SensprofError(
             f"--out {out_dir!r} holds a profile of a different model or settings ({'; '.join(diffs[:3])}); "

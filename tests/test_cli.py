@@ -576,3 +576,9 @@ def test_ctrl_c_promises_a_resume_only_where_there_is_one(capsys, monkeypatch):
     assert rc == 130 and "interrupted; `sensprof plan` does not resume: run it again" in err and "resume\n" not in err
     rc, _, err = run_cli(capsys, "profile", "--model", "m")
     assert rc == 130 and "interrupted; run the same command again to resume" in err
+
+
+def test_out_dir_of_another_read_regime_says_both(capsys, tiny_model_dir, profile_dir):
+    """A profile made with --reads streaming (left out of meta.json) refused a --reads all run with 'None now'."""
+    msg = cli_error(capsys, "profile", "--model", tiny_model_dir, *FAST, "--reads", "all", "--out", profile_dir)
+    assert "reads: 'streaming' there, 'all' now" in msg and "None" not in msg
