@@ -399,6 +399,10 @@ def test_sensprof_lm_eval_unknown_task_and_a_setting_given_twice_are_one_line(ca
     lines = [ln for ln in err.splitlines() if ln.startswith("sensprof-lm-eval: error:")]
     assert "Traceback" not in err and len(lines) == 1, err
     assert "device is given twice: device=cpu in --model_args and --device cuda; pass it once" in lines[0]
+    assert lm_eval_cli(["--model", "sensprof", "--model_args", f"plan={dir_plan},chunkk=16", "--tasks", "sp_mc",
+                        "--include_path", tasks_dir]) == 2
+    err = capsys.readouterr().err
+    assert "unknown --model_args chunkk for the sensprof model" in err and "Traceback" not in err
     # the same value both ways is no conflict
     assert lm_eval_cli(["--model", "sensprof", "--model_args", f"pretrained={tiny_model_dir},plan={dir_plan},"
                         "chunk=16,device=cpu", "--device", "cpu", "--tasks", "sp_mc", "--include_path", tasks_dir,

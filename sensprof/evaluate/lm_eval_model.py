@@ -100,6 +100,14 @@ class SensprofLM(HFLM):
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
         """lm-eval's --model_args beside its own flags (--device, --batch_size): a setting given both ways with two
         values is one line naming both (lm-eval passed both and Python raised a TypeError)."""
+        import inspect
+
+        known = {name for c in (cls, HFLM) for name, p in inspect.signature(c.__init__).parameters.items()
+                 if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"}
+        unknown = sorted(set(arg_dict) - known)  # HFLM would hand them to from_pretrained, which a loaded model skips
+        if unknown:
+            raise SensprofError(f"unknown --model_args {', '.join(unknown)} for the sensprof model; it takes "
+                                f"{', '.join(sorted(known))}")
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
         clash = sorted(k for k in set(arg_dict) & set(extra) if str(arg_dict[k]) != str(extra[k]))
         if clash:
