@@ -72,7 +72,8 @@ class Reaper:
 
 def fate_share(pids, remove: str = "") -> Reaper:
     """Make the processes `pids` (and their descendants) die with this process, however it ends: a reaper
-    process kills them when this process's end of a pipe closes, then removes the folder `remove` (theirs)."""
+    process kills them when this process's end of a pipe closes, then removes the folder `remove` (theirs, or with
+    no pids, this process's own work in progress)."""
     import subprocess
     import sys
 
@@ -82,7 +83,7 @@ def fate_share(pids, remove: str = "") -> Reaper:
     for pid in pids:
         with contextlib.suppress(psutil.Error):
             args.append(f"{pid}:{psutil.Process(pid).create_time()!r}")
-    if not args:
+    if not args and (pids or not remove):  # nothing of theirs is running any more, and no folder of our own
         return Reaper(None)
     if remove:
         args.append(f"RM:{remove}")

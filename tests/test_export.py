@@ -649,6 +649,68 @@ def test_full_disk_while_writing_a_checkpoint(fp8_plan, capsys, monkeypatch):
     assert not [n for n in os.listdir(fp8_plan.root) if n.startswith(".tmp-checkpoint-full-ckpt")]
 
 
+def test_a_full_disk_reported_by_safetensors_is_one_line_too(fp8_plan, capsys, monkeypatch):
+    """safetensors raises its own SafetensorError on a full disk, which was a traceback."""
+    import sensprof.export.checkpoint as ckpt_mod
+
+    class SafetensorError(Exception):
+        pass
+
+    def full(*a, **k):
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                              "\"No space left on device\" })")
+
+    monkeypatch.setattr(ckpt_mod, "add_scales", full)
+    ckpt = fp8_plan.root / "full-st-ckpt"
+    rc, out, err = run_cli(capsys, "export", fp8_plan.path, "--format", "vllm", "--write-checkpoint", ckpt)
+    errors = [ln for ln in err.splitlines() if ln.startswith("sensprof: error:")]
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert "no space left writing" in errors[0] and not ckpt.exists()
+    assert not [n for n in os.listdir(fp8_plan.root) if n.startswith(".tmp-checkpoint-full-st-ckpt")]
+
+
+KILLED_EXPORT = """
+import sys, time
+import sensprof.export.checkpoint as ckpt_mod
+real = ckpt_mod.add_scales
+def stall(*a, **k):
+    real(*a, **k)
+    print("written", flush=True)
+    time.sleep(600)
+ckpt_mod.add_scales = stall
+from sensprof.cli import main
+main(["export", sys.argv[1], "--format", "vllm", "--write-checkpoint", sys.argv[2]])
+"""
+
+
+def test_a_killed_export_leaves_no_half_written_checkpoint(fp8_plan, tmp_path):
+    """kill -9 during --write-checkpoint left ~100 MB of temporary files until a later export into the same name;
+    the export's reaper removes them as soon as it dies."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("psutil")
+    ckpt = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_EXPORT, fp8_plan.path, str(ckpt)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "written"
+        temp = [n for n in os.listdir(tmp_path) if n.startswith(".tmp-checkpoint-killed.")]
+        assert len(temp) == 1 and os.listdir(tmp_path / temp[0])  # the half-written checkpoint is there
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while (tmp_path / temp[0]).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not (tmp_path / temp[0]).exists() and not ckpt.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+
+
 @pytest.mark.parametrize("gib", ["1e300", "1e-300", "1e10"])
 def test_a_memory_no_machine_holds_is_refused(capsys, tmp_path, gib):
     """1e300 GiB overflowed into a traceback and 1e-300 printed "0 tokens fit"; both are one line now."""

@@ -10,6 +10,7 @@ with dynamic or unit scales, so their directory holds the model only and the dty
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -114,6 +115,7 @@ def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str, dtype=None, sca
     import torch
 
     from ..files import output_lock, write_error
+    from ..reaper import fate_share
 
     dtype = dtype or torch.bfloat16
     check_checkpoint_dir(out_dir)
@@ -124,6 +126,7 @@ def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str, dtype=None, sca
         check_checkpoint_dir(out_dir)  # again, now that no other export can be writing it
         remove_killed_exports(parent, name)
         tmp = tempfile.mkdtemp(dir=parent, prefix=f"{TMP_PREFIX}{name}.")
+        reaper = fate_share([], remove=tmp)  # a kill -9 of this export leaves no half-written checkpoint behind
         try:
             if model.dtype != dtype:
                 model = model.to(dtype)
@@ -140,7 +143,12 @@ def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str, dtype=None, sca
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(e, OSError):  # a full disk: nothing of the checkpoint is left behind
                 raise write_error(out_dir, e) from None
+            if type(e).__name__ == "SafetensorError":  # safetensors' own word for an I/O failure (a full disk)
+                no_space = "space" in str(e).lower()
+                raise write_error(out_dir, OSError(errno.ENOSPC if no_space else errno.EIO, str(e))) from None
             raise
+        finally:
+            reaper.release()
     return out_dir
 
 
