@@ -558,8 +558,9 @@ def format_engine_table(df) -> str:
                      "noise: the paired per-token SE and the draws' spread")
     if "z" in df:
         r = df.iloc[0]
+        zs = f"{df.z.min():.2f}" + (f"-{df.z.max():.2f}" if df.z.max() > df.z.min() else "")
         lines.append(f"agrees: |eng/emul - 1| within max({KL_REL_TOL:.0%}, z SE), |diff| within z x noise (z "
-                     f"{df.z.min():.2f}-{df.z.max():.2f}: t for the draws' degrees of freedom)"
+                     f"{zs}: t for the draws' degrees of freedom)"
                      + (f", corr >= {MIN_CORR:g} where the baselines match" if bool(df.corr_applies.any()) else "")
                      + f" ({int(r.family)} rows judged at once, {FALSE_ALARM:.0%} false alarms)")
     return "\n".join(lines)
