@@ -146,12 +146,12 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     own = int(meta["settings"]["seq_len"])
     context = int(pricing.get("context_len") or 4 * own)
     n = seq_len or min(4 * own, context)
-    if seq_len and pricing.get("context_len") and seq_len > context:  # measured beyond what is served, silently
-        raise SensprofError(f"--select-seq-len {seq_len} is beyond the served context of {context} tokens the plan "
-                            f"is priced for; pass at most {context}, or a larger --context-len")
     limit = meta.get("max_positions")
     if limit and n > int(limit):
         raise SensprofError(f"--select-seq-len {n} is beyond the model's {limit} positions; pass at most {limit}")
+    if seq_len and pricing.get("context_len") and seq_len > context:  # measured beyond what is served, silently
+        raise SensprofError(f"--select-seq-len {seq_len} is beyond the served context of {context} tokens the plan "
+                            f"is priced for; pass at most {context}, or a larger --context-len")
     if loaded is None:
         loaded = load_for_profile(plan, meta, model, device, dtype, device_map, trust_remote_code)
     if text is None:
