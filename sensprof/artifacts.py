@@ -236,6 +236,11 @@ class Plan:
             raise SensprofError(f"plan {path!r} lists {len(self.layers)} layers holding {have:,.0f} bf16 bytes per "
                                 f"token, but it was planned for {want:,.0f}; its layer list was edited: {redo}")
 
+    @property
+    def layer_dtypes(self) -> tuple[str, ...]:
+        """A per-layer vLLM plan's dtype for each layer (served by sensprof's plugin); empty for any other plan."""
+        return tuple(getattr(self.engine, "layer_dtypes", ()) or ())
+
     def _check_fields(self, path: str, redo: str) -> None:
         """Every field a command prints or acts on, of its type and in its range (a hand-edited plan once exported
         --kv-cache-dtype-skip-layers 999 for a 3-layer model and printed a NaN prediction)."""
@@ -253,13 +258,13 @@ class Plan:
                     raise SensprofError(f"plan {path!r} holds a joint factor {f!r} at {n!r} tokens, not a non-negative "
                                         f"factor per length; {redo}")
         n = len(self.layers)
-        for field in ("skip_layers", "forced_skip_layers"):
-            layers = getattr(self.engine, field, ())
+        for kept in ("skip_layers", "forced_skip_layers"):
+            layers = getattr(self.engine, kept, ())
             if not isinstance(layers, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n
                                                         for i in layers) or len(set(layers)) != len(layers):
-                raise SensprofError(f"plan {path!r} lists engine {field} {list(layers) if isinstance(layers, tuple) else layers!r}, "
+                raise SensprofError(f"plan {path!r} lists engine {kept} {list(layers) if isinstance(layers, tuple) else layers!r}, "
                                     f"not distinct layers of its {n}; {redo}")
-        dtypes = getattr(self.engine, "layer_dtypes", ())
+        dtypes = getattr(self.engine, "layer_dtypes", ())  # as loaded, not yet known to be a tuple
         if dtypes:
             from .targets import PER_LAYER_DTYPES
 
@@ -299,7 +304,7 @@ class Plan:
 
     def default_path(self) -> str:
         """plans/<model>-<target>[-per-layer]-<budget>.json"""
-        kind = self.target + ("-per-layer" if getattr(self.engine, "layer_dtypes", ()) else "")
+        kind = self.target + ("-per-layer" if self.layer_dtypes else "")
         return os.path.join("plans", f"{safe_name(self.model_id)}-{kind}-{self.budget.tag()}.json")
 
     def describe(self) -> str:

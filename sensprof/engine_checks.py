@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .artifacts import LayerPlan, LlamacppSettings, Plan, VllmSettings
+from .artifacts import LayerPlan, LlamacppSettings, Plan, VllmSettings, engine_settings
 from .validate_engine import LLAMACPP_BASELINE, LLAMACPP_FLOOR, VLLM_BASELINE, EngineRun, llamacpp_run, vllm_run
 
 # (name, --kv-cache-dtype, scheme, checkpoint scales)
@@ -33,7 +33,7 @@ def vllm_cpu_runs(model_id: str, model, absmax, skip=(), round_to_nearest: bool 
     round_to_nearest: emulated with the GPUs' rounding, which the CPU backend does not do (a wrong emulation)."""
     runs = [VLLM_BASELINE]
     for name, dtype, scheme, scaled in VLLM_CPU_CONFIGS:
-        emulated = scheme.removesuffix("_rtz") if round_to_nearest else scheme
+        emulated = _rounded(scheme, round_to_nearest)
         for kept in ((), tuple(skip)) if skip else ((),):
             settings = VllmSettings(needs_scales=scaled, kv_cache_dtype=dtype, k_scheme=emulated, v_scheme=emulated,
                                     skip_layers=kept, vllm_gpu="cpu")
@@ -53,8 +53,7 @@ def vllm_cpu_mixed_run(model_id: str, model, skip=(), round_to_nearest: bool = F
     by_flag = {d.flag_value: d for d in get_target("vllm", "cpu", per_layer=True).dtypes}
     base = uniform_plan(model_id, model, "none", "none")
     pick = [by_flag["auto" if i in skip else ("fp8_e4m3", "fp8_e5m2")[i % 2]] for i in range(len(base.layers))]
-    settings = VllmSettings(**{k: tuple(v) if isinstance(v, list) else v
-                               for k, v in per_layer_engine(pick, "cpu").items()}, architecture=type(model).__name__)
+    settings = engine_settings("vllm", per_layer_engine(pick, "cpu") | {"architecture": type(model).__name__})
     layers = [dataclasses.replace(p, k_scheme=_rounded(d.k_scheme, round_to_nearest),
                                   v_scheme=_rounded(d.v_scheme, round_to_nearest)) for p, d in zip(base.layers, pick)]
     plan = base.replace(target="vllm", engine=settings, layers=layers)

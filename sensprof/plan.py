@@ -115,7 +115,7 @@ def vllm_layers(plan: Plan) -> list[tuple]:
     if dtype not in facts.DTYPES:
         return []
     skipped = set(plan.engine.skip_layers or [])
-    own = list(getattr(plan.engine, "layer_dtypes", ()) or ())  # a per-layer plan: each layer's, as served
+    own = plan.layer_dtypes  # a per-layer plan: each layer's, as served
     try:
         layers = [(own[p.layer] if own else "auto" if p.layer in skipped else dtype, p.kv_heads, p.head_dim,
                    p.window if p.kind == "sliding" else None) for p in plan.layers]

@@ -170,7 +170,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
             continue
         try:
             alt = make_plan(profile_dir, plan.target, budget, objective, vllm_gpu=gpu, robust=robust,
-                            per_layer=bool(getattr(plan.engine, "layer_dtypes", ())))
+                            per_layer=bool(plan.layer_dtypes))
         except SensprofError:
             continue
         plans[label] = alt

@@ -235,14 +235,15 @@ def read_user_text(profile_digest: str | None, files: list[str], flag: str = "--
     from .data import load_text, text_digest
 
     text, name = load_text(files)
+    digest = text_digest(text)
     if "\x00" in text:
         raise SensprofError(f"{flag} {name} holds NUL bytes, so it is binary, not text; pass plain text or JSONL")
     if not text.strip():
         raise SensprofError(f"{flag} {name} is empty; pass a file with text in it")
-    if text_digest(text) == profile_digest:
+    if digest == profile_digest:
         raise SensprofError(f"{flag} {name} is the text the plan was profiled on; pass text the profile did not see "
                             f"(or leave {flag} out for the profile's unseen windows)")
-    if chosen_digest and text_digest(text) == chosen_digest:
+    if chosen_digest and digest == chosen_digest:
         raise SensprofError(f"{flag} {name} is the text `plan --select-text` chose the plan on; judge it on other text")
     return text, name
 

@@ -133,7 +133,7 @@ def vllm_run(plan: Plan, platform: str, name: str = "plan") -> EngineRun:
         raise SensprofError(f"--kv-cache-dtype {dtype} does not run on {GPU_NAMES.get(platform, platform)} ({why})")
     settings = {"kv_cache_dtype": dtype, "skip_layers": list(plan.engine.skip_layers or []),
                 "scaled": bool(plan.engine.needs_scales)}
-    if getattr(plan.engine, "layer_dtypes", ()):  # served through sensprof's vLLM plugin, as exported
+    if plan.layer_dtypes:  # served through sensprof's vLLM plugin, as exported
         from .export.vllm import PLUGIN_KEY, plugin_plan
 
         settings = {"kv_cache_dtype": dtype, "skip_layers": [], "scaled": False,
@@ -217,7 +217,7 @@ def run_vllm(engine: EnginePython, loaded, runs: list[EngineRun], ids: torch.Ten
 def check_served_dtypes(run: EngineRun, layers) -> None:
     """A per-layer plan is judged only if vLLM built every layer with the plan's dtype (its own per-layer state,
     as the runner read it): otherwise the engine served another configuration than the one priced."""
-    want = list(getattr(run.plan.engine, "layer_dtypes", ()) or ()) if run.plan is not None else []
+    want = list(run.plan.layer_dtypes) if run.plan is not None else []
     if not want:
         return
     got = [str(layer.get("kv_cache_dtype")) for layer in layers or [] if isinstance(layer, dict)]

@@ -76,7 +76,7 @@ def plugin_plan(plan: Plan) -> dict:
     if len(heads) == 1 and len(dims) == 1:
         model |= {"num_kv_heads": heads.pop(), "head_dim": dims.pop()}
     return {"format": PLUGIN_FORMAT, "version": PLUGIN_VERSION, "model": model,
-            "layers": list(plan.engine.layer_dtypes)}
+            "layers": list(plan.layer_dtypes)}
 
 
 def plugin_argv(plan: Plan, model_path: str) -> list[str]:
@@ -87,7 +87,7 @@ def plugin_argv(plan: Plan, model_path: str) -> list[str]:
 
 
 def vllm_argv(plan: Plan, model_path: str, version: str = DEFAULT_VERSION, gpu: str | None = None) -> list[str]:
-    if getattr(plan.engine, "layer_dtypes", ()):
+    if plan.layer_dtypes:
         if (gpu or plan.engine.vllm_gpu) != plan.engine.vllm_gpu:
             raise SensprofError(f"this per-layer plan was made for {GPU_NAMES.get(plan.engine.vllm_gpu)}; re-plan "
                                 f"with --vllm-gpu {gpu} --per-layer")
@@ -202,10 +202,10 @@ def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[
             lines.append("# this plan was measured with calibrated scales: add --write-checkpoint DIR to get "
                          "them into vLLM (without them vLLM uses scale 1.0)")
     argv = vllm_argv(plan, model_path, opts.vllm_version, opts.vllm_gpu)
-    if getattr(plan.engine, "layer_dtypes", ()):
+    if plan.layer_dtypes:
         lines.append(f"# each layer its own KV dtype through sensprof's vLLM plugin: {PLUGIN_INSTALL}; it refuses "
                      "at start-up a model, vLLM or platform the plan was not made for")
-        if plan.engine.skip_layers or len(set(plan.engine.layer_dtypes)) == 1:
+        if plan.engine.skip_layers or len(set(plan.layer_dtypes)) == 1:
             from dataclasses import replace
 
             plain = plan.replace(engine=replace(plan.engine, layer_dtypes=()))
