@@ -43,7 +43,7 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
     profiled cache is read, "streaming" or "all" (default: the `target`'s regime, sensprof.pricing; streaming
     without one). Returns the `Profile` of the longest length (its `.table` is a pandas DataFrame, one row per layer x tensor x scheme).
     """
-    from .data import load_text, parse_seq_lens
+    from .data import parse_seq_lens, text_source
     from .profile import check_modes
     from .specs import parse_layers
     from .table import length_dir
@@ -73,8 +73,7 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
     if ray is not None and not isinstance(model, str):
         raise SensprofError("--ray loads the model on every worker: pass a model id, path or alias, not a loaded model")
     files = [text] if isinstance(text, str) else text
-    if files:
-        load_text(files)  # a missing, unreadable or undecodable --text fails before minutes of loading
+    body, text_name = text_source(files)  # missing, empty, binary or bad JSONL --text fails before minutes of loading
     with contextlib.ExitStack() as stack:
         if out_dir:
             from .files import check_writable, output_lock
@@ -87,7 +86,7 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
         else:
             from .distributed import RayProfiler
 
-            model_id, (body, text_name) = model, load_text(files)  # the driver's text goes to every worker
+            model_id = model  # the driver's text (body) goes to every worker, which renders its chats
             cluster = stack.enter_context(RayProfiler(ray, _model_options(model, device, dtype, device_map,
                                                                           trust_remote_code),
                                                       ray_workers, ray_gpus_per_worker,
@@ -101,11 +100,11 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
         for n in lengths:  # the shorter ones first (cheap), the longest last: it is the profile the planner reads
             out = (out_dir if n == lengths[-1] else length_dir(out_dir, n)) if out_dir else None
             extra = {"lengths": lengths if len(lengths) > 1 else None,
-                     "text_files": [os.path.abspath(t) for t in files] if files else None,
+                     "text_files": list(body.files) if files else None,  # the files read (a folder's each)
                      "max_positions": shape["max_positions"]}
             if ray is None:
-                result = _profile_here(model, tokenizer, files, n, windows, seed, menu, layers, out, model_id,
-                                       variants_per_pass, naive, kl, screen, progress, extra, reads)
+                result = _profile_here(model, tokenizer, (body, text_name), n, windows, seed, menu, layers, out,
+                                       model_id, variants_per_pass, naive, kl, screen, progress, extra, reads)
             else:
                 result = cluster.profile(menu, body, text_name, n, windows, seed, layers, out, model_id,
                                          variants_per_pass, not naive, "materialized" if naive else kl, screen,
@@ -141,11 +140,12 @@ def _profiled_model(model, tokenizer, device, dtype, device_map, trust_remote_co
     return model, tokenizer, model_id, shape
 
 
-def _profile_here(model, tokenizer, files, seq_len, windows, seed, menu, layers, out, model_id, variants_per_pass,
+def _profile_here(model, tokenizer, text, seq_len, windows, seed, menu, layers, out, model_id, variants_per_pass,
                   naive, kl, screen, progress, extra, reads="streaming"):
+    from .data import text_windows
     from .profile import run_profile
 
-    ids, text_name, digest, slots = select_windows(tokenizer, files, seq_len, windows, seed)
+    ids, text_name, digest, slots = text_windows(tokenizer, *text, seq_len, windows, seed)
     return run_profile(model, ids, menu, layers=layers, out_dir=out, model_id=model_id, text_name=text_name,
                        text_digest=digest, seed=seed, variants_per_pass=variants_per_pass, replay=not naive,
                        kl="materialized" if naive else kl, screen=screen, progress=progress,
@@ -187,16 +187,9 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
                             "choose a dtype alone (none kept): drop one of them")
     if isinstance(out, str):
         check_writable(out, "--out", "file")  # before the solver and any --refine rounds
-    user_text = None
-    if select_text:
-        if not select_measured:
-            raise SensprofError("--select-text is the text --select-measured chooses on, and --select-measured is 0; "
-                                "pass --select-measured N, or drop --select-text")
-        from .table import load_meta
-        from .validate import read_user_text
+    from .validate import read_select_text
 
-        user_text = read_user_text(load_meta(profile_dir)["settings"].get("text_digest"), select_text,
-                                   "--select-text")
+    user_text = read_select_text(profile_dir, select_text, select_measured)  # before the solver and the model
     result = make_plan(profile_dir, target, budget, objective, num_skip, vllm_gpu, llamacpp_build, robust, per_layer)
     if refine:
         from .refine import refine_plan
@@ -219,16 +212,17 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
 def sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target="sensprof", objective="kl", robust=0.0,
           vllm_gpu=None, llamacpp_build=None, context_len=None, validate=False, uniform="frontier", windows=None,
           seq_len=None, model=None, device="auto", dtype=None, device_map=None, trust_remote_code=False, out=None,
-          log=print, select_measured=0, select_seq_len=None):
-    """Plans over a range of --avg-bits budgets, each (with `select_measured` windows) chosen by measurement as
-    `plan` chooses, and with `validate` each measured beside the menu's uniform configurations on unseen windows.
+          log=print, select_measured=0, select_seq_len=None, select_text=None):
+    """Plans over a range of --avg-bits budgets, each (with `select_measured` windows, of `select_text` if given)
+    chosen by measurement as `plan` chooses, and with `validate` each measured beside the menu's uniform
+    configurations on unseen windows.
     Returns (sweep table, output directory)."""
     from .sweep import run_sweep
 
     return run_sweep(profile_dir, avg_bits=avg_bits, target=target, objective=objective, robust=robust,
                      vllm_gpu=vllm_gpu, llamacpp_build=llamacpp_build, context_len=context_len, validate=validate,
                      uniform=uniform, windows=windows, seq_len=seq_len, select_measured=select_measured,
-                     select_seq_len=select_seq_len,
+                     select_seq_len=select_seq_len, select_text=select_text,
                      model_options=_model_options(model, device, dtype, device_map, trust_remote_code), out=out,
                      log=log)
 
@@ -271,6 +265,9 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
         chosen_on = result.solver.select or {}
         user_text = read_user_text(result.profile.settings.get("text_digest"), text,  # before the model loads
                                    chosen_digest=chosen_on.get("text_digest"))
+        shown = ", ".join(os.path.relpath(f) for f in user_text.files[:5])
+        log(f"text: {user_text.name}, {len(user_text.files)} file(s) read: {shown}"
+            + (", ..." if len(user_text.files) > 5 else ""))
     suffix = f".engine-{engine}.csv" if engine else ".validation.csv"
     out = out or os.path.splitext(plan_path)[0] + suffix
     check_writable(out, "--out", "file")
@@ -297,8 +294,9 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
             log(format_engine_table(df))
         else:
             df = validate_plan(result, loaded, windows, n, text=user_text).assign(
-                seq_len=n, **({"text": user_text[1]} if user_text else {}))
-            where = f"windows of {user_text[1]}" if user_text else "unseen windows"
+                seq_len=n, **({"text": user_text.name, "text_digest": user_text.digest(loaded.tokenizer)}
+                              if user_text else {}))
+            where = f"windows of {user_text.name}" if user_text else "unseen windows"
             log(f"measured on {windows if windows is not None else result.profile.settings['windows']} {where} of {n} "
                 "tokens:")
             log(format_table(df))

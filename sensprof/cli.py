@@ -83,7 +83,8 @@ def cmd_sweep(args) -> int:
                         robust=args.robust, vllm_gpu=args.vllm_gpu, llamacpp_build=args.llamacpp_build,
                         context_len=args.context_len, validate=args.validate, uniform=args.uniform,
                         windows=args.windows, seq_len=args.seq_len, select_measured=args.select_measured,
-                        select_seq_len=args.select_seq_len, **_model(args), out=args.out)
+                        select_seq_len=args.select_seq_len, select_text=args.select_text, **_model(args),
+                        out=args.out)
     with pd.option_context("display.width", 200, "display.max_colwidth", 60):
         print(df.drop(columns=["plan"]).to_string(index=False))
     print(f"wrote {out}/sweep.csv" + (", uniform.csv" if args.validate else "") + f" and {len(df)} plans")

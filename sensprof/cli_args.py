@@ -47,8 +47,13 @@ def _add_engine_args(p, llamacpp=False):
                             "(f16, q8_0, q4_0 with K and V alike); default: any pair")
 
 
+TEXT_FORMS = ("a plain-text file, a folder (every file under it, sorted; hidden and binary files skipped) or JSONL "
+              "(.jsonl: {\"text\": ...} or {\"messages\": [{\"role\", \"content\"}, ...]} lines, chats rendered "
+              "with the model's chat template); repeatable")
+
+
 def _add_text_args(p, seq_len=256, windows=2, lengths=False,
-                   text_help="plain-text or JSONL ({\"text\": ...}) file; repeatable (default: Python's pydoc topics)"):
+                   text_help=f"{TEXT_FORMS} (default: Python's pydoc topics)"):
     p.add_argument("--text", type=path_arg, action="append", metavar="FILE", help=text_help)
     if lengths:
         p.add_argument("--seq-len", default=str(seq_len),
@@ -152,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vllm --vllm-gpu cpu: each layer its own --kv-cache-dtype (auto, fp8_e4m3, fp8_e5m2), served "
                          "by sensprof's vLLM plugin (plugins/vllm); export prints its --additional-config")
     pl.add_argument("--select-text", type=path_arg, action="append", metavar="FILE",
-                    help="with --select-measured: choose on windows of your own text (plain text or JSONL; repeatable) "
-                         "instead of the profile's; refused if it holds the profile's windows")
+                    help="with --select-measured: choose on windows of your own text instead of the profile's: "
+                         f"{TEXT_FORMS}; refused if it holds the profile's windows; the plan records it")
     _add_model_args(pl, of="profile", device_help="--refine, --select-measured: cpu, cuda or auto")
     pl.add_argument("--num-skip", type=int, default=None,
                     help="vllm: keep exactly this many layers at the model dtype (the planner picks which), besides "
@@ -178,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "0: the planner's plans, by predicted damage)")
     sw.add_argument("--select-seq-len", type=int, default=None, metavar="T",
                     help="with --select-measured: tokens per window (default 4x the profile's, within --context-len)")
+    sw.add_argument("--select-text", type=path_arg, action="append", metavar="FILE",
+                    help="with --select-measured: choose each budget's plan on your own text, as plan --select-text: "
+                         f"{TEXT_FORMS}")
     sw.add_argument("--validate", action="store_true",
                     help="also measure each plan and the menu's uniform configurations on unseen windows")
     sw.add_argument("--uniform", default="frontier",
@@ -205,8 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "$SENSPROF_LLAMACPP_PYTHON, the `vllm` command on PATH, ~/.cache/sensprof/engines/, this one)")
     va.add_argument("--out", type=path_arg, default=None, help="CSV path (default: beside the plan, <plan>.validation.csv)")
     va.add_argument("--text", type=path_arg, action="append", metavar="FILE",
-                    help="judge the plan on your own text (plain text or JSONL {\"text\": ...}; repeatable) instead of "
-                         "the profile's unseen windows; refused if it shares text with the profile's windows")
+                    help=f"judge the plan on your own text instead of the profile's unseen windows: {TEXT_FORMS}; "
+                         "refused if it shares text with the profile's windows (the CSV's text, text_digest say which)")
 
     ex = sub.add_parser("export", help="print a ready serving command line for a plan (and write scales)")
     ex.add_argument("plan", type=path_arg, help="plan JSON written by `sensprof plan`")
@@ -263,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--uniform", default="auto",
                     help="auto (default: uniform configurations nearest the plan's memory, not below) | all | none")
     _add_text_args(ev, seq_len=1024, windows=2,
-                   text_help="also measure perplexity through the cache on this plain-text/JSONL file")
+                   text_help=f"also measure perplexity through the cache on this text: {TEXT_FORMS}")
     ev.add_argument("--out", type=path_arg, default=None, help="CSV path (default: beside the plan, <plan>.eval-<task>.csv, or "
                     "<plan>.lm-eval.csv with --lm-eval-tasks)")
     ev.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -123,7 +123,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
                     device: str = "auto", log=print, dtype=None, device_map=None, trust_remote_code=False,
                     model: str | None = None, loaded=None, text=None) -> Plan:
     """The final choice by measured KL on `windows` unseen windows of the profile's text (or of `text`, the
-    user's: validate.read_user_text's (text, name))."""
+    user's: validate.read_user_text's data.Text)."""
     from .data import bos_prefix
     from .models import load_for_profile
     from .plan import make_plan, priced_table
@@ -210,9 +210,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
               + SELECT_SEED_OFFSET, "window_slots": list(slots), "reads": reads, "candidates": rows,
               "chosen": best["name"], "uniform_won": bool(best["uniform"])}
     if text is not None:  # the user's text chose the plan: which, and that validate's windows need not avoid it
-        from .data import text_digest
-
-        record |= {"text": text[1], "text_digest": text_digest(text[0])}
+        record |= {"text": text.name, "text_files": list(text.files), "text_digest": text.digest(loaded.tokenizer)}
     if best["uniform"] and plan.target != "sensprof":
         chosen = uniforms[best["name"]]
         log(f"select: {best['name']} alone measured lower KL than every plan ({best['measured_kl']:.3e} vs "

@@ -21,9 +21,10 @@ def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: s
               llamacpp_build: str | None = None, context_len: int | None = None, validate: bool = False,
               uniform: str = "frontier", windows: int | None = None, seq_len: int | None = None,
               model_options: dict | None = None, out: str | None = None, log=print, select_measured: int = 0,
-              select_seq_len: int | None = None):
+              select_seq_len: int | None = None, select_text=None):
     """Plans at each budget in `out` (default plans/sweep-<model>-<target>) and sweep.csv, each chosen by measured KL
-    on `select_measured` windows as `plan --select-measured` chooses (0: the planner's plans, by prediction); with
+    on `select_measured` windows as `plan --select-measured` chooses (of the user's `select_text` files, as
+    `plan --select-text`; 0: the planner's plans, by prediction); with
     `validate`, each plan and the menu's uniform configurations measured on unseen windows (uniform.csv). Returns
     (table, out)."""
     import pandas as pd
@@ -39,6 +40,9 @@ def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: s
         raise SensprofError(f"--windows {windows} is too few; use at least 1, or leave --windows out for as many as "
                             "profiled")
     check_select_args(select_measured, select_seq_len, target)
+    from .validate import read_select_text
+
+    user_text = read_select_text(profile_dir, select_text, select_measured)  # before any plan or the model
     values = parse_list(avg_bits, "--avg-bits", float, "3,4,6")
     budgets = [Budget("avg_bits", b, context_len=context_len) for b in sorted(values)]  # refused before any plan
     profile = load_profile(profile_dir, require_complete=True)
@@ -63,7 +67,7 @@ def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: s
                     loaded = load_for_plan(plan, **model_options)
                 log(f"--avg-bits {b:g}:")
                 plan = select_measured_plan(plan, profile_dir, budget, select_measured, select_seq_len, log=log,
-                                            loaded=loaded)
+                                            loaded=loaded, text=user_text)
             path = os.path.join(out, f"plan-{b:g}bits.json")
             plan.save(path)
             plans.append((path, plan))

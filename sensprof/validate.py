@@ -199,7 +199,7 @@ def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int 
     if seq != settings["seq_len"]:  # other slot boundaries: leave out every window that overlaps a profiled one
         prefix = len(bos_prefix(tokenizer))
         exclude = overlapping_slots(exclude, settings["seq_len"] - prefix, seq - prefix)
-    body, name = profile_text(plan)
+    body, name = profile_text(plan, tokenizer)
     chosen_on = getattr(getattr(plan, "solver", None), "select", None)  # plan --select-measured chose on these
     if chosen_on and chosen_on.get("window_slots") and not chosen_on.get("text"):  # slots of the profile's text
         prefix = len(bos_prefix(tokenizer))
@@ -209,8 +209,9 @@ def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int 
     return ids
 
 
-def profile_text(plan: Plan) -> tuple[str, str]:
-    """The text the plan's profile read, refused unless it is that text, unchanged (its digest)."""
+def profile_text(plan: Plan, tokenizer=None) -> tuple[str, str]:
+    """The text the plan's profile read (its chats rendered by `tokenizer`), refused unless it is that text,
+    unchanged (its digest)."""
     from .data import load_text, text_digest
 
     files = list(plan.profile.text_files or [])
@@ -218,7 +219,7 @@ def profile_text(plan: Plan) -> tuple[str, str]:
     if gone:
         raise SensprofError(f"the plan's profile text {gone[0]!r} is not there; restore the text the profile was "
                             "made from, or re-profile and re-plan")
-    text, name = load_text(files)
+    text, name = load_text(files, tokenizer)
     want = plan.profile.settings.get("text_digest")
     if (want or files) and text_digest(text) != want:  # a plan names its text: read only that text, unchanged
         raise SensprofError(
@@ -229,32 +230,52 @@ def profile_text(plan: Plan) -> tuple[str, str]:
 
 
 def read_user_text(profile_digest: str | None, files: list[str], flag: str = "--text",
-                   chosen_digest: str | None = None) -> tuple[str, str]:
-    """`validate --text`, `plan --select-text`: the user's files (plain text or JSONL), refused in one line when
-    empty, binary, the profile's own text (`profile_digest`) or the text the plan was chosen on (`chosen_digest`)."""
-    from .data import load_text, text_digest
+                   chosen_digest: str | None = None):
+    """`validate --text`, `plan`/`sweep --select-text`: the user's files, folders and JSONL (data.read_texts: refused
+    in one line when missing, empty, binary or bad JSONL), refused too when it is the profile's own text
+    (`profile_digest`) or the text the plan was chosen on (`chosen_digest`): before the model loads, except for
+    chats, which need its chat template (user_windows checks those). Returns the data.Text."""
+    from .data import read_texts
 
-    text, name = load_text(files)
-    digest = text_digest(text)
-    if "\x00" in text:
-        raise SensprofError(f"{flag} {name} holds NUL bytes, so it is binary, not text; pass plain text or JSONL")
-    if not text.strip():
-        raise SensprofError(f"{flag} {name} is empty; pass a file with text in it")
+    text = read_texts([files] if isinstance(files, str) else list(files), flag)
+    if not text.has_chats:
+        refuse_known_text(text.digest(), text.name, profile_digest, chosen_digest, flag)
+    return text
+
+
+def read_select_text(profile_dir: str, files: list[str] | None, windows: int):
+    """`plan`/`sweep --select-text`: read_user_text's data.Text (None without files), refused without a selection."""
+    if not files:
+        return None
+    if not windows:
+        raise SensprofError("--select-text is the text --select-measured chooses on, and --select-measured is 0; "
+                            "pass --select-measured N, or drop --select-text")
+    from .table import load_meta
+
+    return read_user_text(load_meta(profile_dir)["settings"].get("text_digest"), files, "--select-text")
+
+
+def refuse_known_text(digest: str, name: str, profile_digest: str | None, chosen_digest: str | None,
+                      flag: str) -> None:
     if digest == profile_digest:
         raise SensprofError(f"{flag} {name} is the text the plan was profiled on; pass text the profile did not see "
                             f"(or leave {flag} out for the profile's unseen windows)")
     if chosen_digest and digest == chosen_digest:
         raise SensprofError(f"{flag} {name} is the text `plan --select-text` chose the plan on; judge it on other text")
-    return text, name
 
 
-def user_windows(plan: Plan, tokenizer, text: tuple[str, str], seq_len: int, count: int, seed: int,
-                 flag: str = "--text"):
-    """(ids, slots): windows of the user's text (read_user_text's), refused where it holds any profiled window."""
-    from .data import PROFILE_FLAGS, SELECT_FLAGS, text_windows
+def user_windows(plan: Plan, tokenizer, text, seq_len: int, count: int, seed: int, flag: str = "--text"):
+    """(ids, slots): windows of the user's text (read_user_text's data.Text, its chats rendered by the model's chat
+    template), refused where it holds any profiled window."""
+    from .data import PROFILE_FLAGS, SELECT_FLAGS, text_digest, text_windows
 
-    _refuse_profile_overlap(plan, tokenizer, text[0], text[1], flag)
-    ids, _, _, slots = text_windows(tokenizer, text[0], text[1], seq_len, count, seed,
+    body = text.render(tokenizer)
+    if text.has_chats:  # read_user_text could not render these before the model loaded
+        chosen = (getattr(getattr(plan, "solver", None), "select", None) or {}).get("text_digest") \
+            if flag == "--text" else None
+        refuse_known_text(text_digest(body), text.name, plan.profile.settings.get("text_digest"), chosen, flag)
+    _refuse_profile_overlap(plan, tokenizer, body, text.name, flag)
+    ids, _, _, slots = text_windows(tokenizer, body, text.name, seq_len, count, seed,
                                     flags=SELECT_FLAGS if flag == "--select-text" else PROFILE_FLAGS)
     return ids, slots
 
@@ -269,7 +290,7 @@ def _refuse_profile_overlap(plan: Plan, tokenizer, text: str, name: str, flag: s
 
     settings = plan.profile.settings
     prefix = len(bos_prefix(tokenizer))
-    body, text_name = profile_text(plan)
+    body, text_name = profile_text(plan, tokenizer)
     profiled, _, _, _ = text_windows(tokenizer, body, text_name, settings["seq_len"], settings["windows"],
                                      settings["seed"])
     seen = {tuple(row[i:i + OVERLAP]) for row in profiled[:, prefix:].tolist()

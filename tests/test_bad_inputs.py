@@ -782,9 +782,15 @@ def test_empty_or_binary_plan_file(capsys, tmp_path, content):
 
 
 def test_file_where_a_folder_goes_and_the_reverse(capsys, good_profile, tmp_path):
-    """Each said "does not exist"."""
+    """Each said "does not exist". (--text takes a folder, but not one without a text file: hidden and binary ones
+    are skipped.)"""
     a_file = tmp_path / "f.txt"
     a_file.write_text("x")
+    no_text = tmp_path / "no-text"
+    (no_text / ".git").mkdir(parents=True)
+    (no_text / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (no_text / ".notes.txt").write_text("hidden")
+    (no_text / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
     for argv, expect in ((["summary", a_file], "is a file, not a folder"),
                          (["plan", a_file, "--avg-bits", "8", "--out", tmp_path / "p.json"], "is a file, not a folder"),
                          (["merge", good_profile, a_file, "--out", tmp_path / "m"], "is a file, not a folder"),
@@ -792,7 +798,8 @@ def test_file_where_a_folder_goes_and_the_reverse(capsys, good_profile, tmp_path
                           "is a file, not a folder"),
                          (["export", tmp_path, "--format", "vllm"], "is a folder, not a plan file"),
                          (["validate", tmp_path, "--device", "cpu"], "is a folder, not a plan file"),
-                         (["profile", "--text", tmp_path, *FAST, "--out", tmp_path / "o"], "is a folder, not a file")):
+                         (["profile", "--text", no_text, *FAST, "--out", tmp_path / "o"],
+                          "is a folder with no text file in it")):
         msg = cli_error(capsys, *argv)
         assert expect in msg and "does not exist" not in msg, (argv, msg)
     assert not (tmp_path / "m").exists() and not (tmp_path / "r").exists()

@@ -15,6 +15,7 @@ from sensprof.data import (
     load_text,
     make_windows,
     read_text_file,
+    read_texts,
     text_digest,
     tokenize,
 )
@@ -103,6 +104,104 @@ def test_load_text_joins_files(tmp_path):
     text, name = load_text([str(a), str(b)])
     assert text == "one\n\ntwo"
     assert name == "a.txt,b.jsonl"
+
+
+CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+
+
+@pytest.fixture
+def chat_tokenizer(tiny_tokenizer):
+    """The tests' tokenizer with a simple Jinja chat template set on it (a copy: the session's has none)."""
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def test_a_folder_is_every_text_file_under_it_sorted(tmp_path):
+    """--text FOLDER: each regular file under it in sorted path order (JSONL read as JSONL), hidden files and folders
+    and binary files left out; the Text records the files actually read."""
+    d = tmp_path / "docs"
+    (d / "b").mkdir(parents=True)
+    (d / ".git").mkdir()
+    (d / "b" / "z.txt").write_text("zed")
+    (d / "a.txt").write_text("alpha")
+    (d / "c.jsonl").write_text(json.dumps({"text": "see"}) + "\n")
+    (d / ".hidden.txt").write_text("hidden")
+    (d / ".git" / "HEAD").write_text("ref")
+    (d / "logo.png").write_bytes(b"\x89PNG\x00\x01")
+    (d / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    text = read_texts([str(d)])
+    assert text.render() == "alpha\n\nzed\n\nsee"
+    assert text.files == tuple(str(d / f) for f in ("a.txt", "b/z.txt", "c.jsonl"))
+    assert text.name == "docs"
+    assert load_text([str(d) + "/"]) == ("alpha\n\nzed\n\nsee", "docs")
+
+
+def test_a_folder_without_text_is_refused(tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    (d / ".notes").write_text("hidden")
+    (d / "blob.bin").write_bytes(b"\x00\x01")
+    with pytest.raises(SensprofError, match=r"--select-text .*empty is a folder with no text file in it"):
+        read_texts([str(d)], "--select-text")
+
+
+@pytest.mark.parametrize("body, expect", [(b"   \n\n", "is empty"), (b"text\x00\x01 more", "holds NUL bytes"),
+                                          (b"\n\n", "is empty")], ids=["blank", "binary", "newlines"])
+def test_every_command_refuses_an_empty_or_binary_named_file(tmp_path, body, expect):
+    """The one reader refuses these for profile --text too (it once read a NUL file as text)."""
+    p = tmp_path / "x.txt"
+    p.write_bytes(body)
+    with pytest.raises(SensprofError, match=expect):
+        load_text([str(p)])
+
+
+def test_a_fifo_is_refused_unopened(tmp_path):
+    import os
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(SensprofError, match="is not a regular file or folder"):
+        read_texts([str(fifo)])
+    (tmp_path / "a.txt").write_text("read")  # in a folder, skipped
+    assert read_texts([str(tmp_path)]).render() == "read"
+
+
+def test_chat_lines_are_rendered_with_the_models_chat_template(tmp_path, chat_tokenizer, tiny_tokenizer):
+    p = tmp_path / "chats.jsonl"
+    chat = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}]
+    p.write_text(json.dumps({"text": "plain first"}) + "\n" + json.dumps({"messages": chat}) + "\n")
+    text = read_texts([str(p)])  # read and checked without a tokenizer: before the model loads
+    assert text.has_chats
+    assert text.render(chat_tokenizer) == "plain first\n\n<|user|>Hi there\n<|assistant|>Hello!\n"
+    assert text.digest(chat_tokenizer) == text_digest(text.render(chat_tokenizer))
+    assert load_text([str(p)], chat_tokenizer)[0] == text.render(chat_tokenizer)
+    assert getattr(tiny_tokenizer, "chat_template", None) is None
+    with pytest.raises(SensprofError) as e:
+        text.render(tiny_tokenizer)
+    assert f"{p}:2 is a chat ('messages'), but the model's tokenizer has no chat template" in str(e.value)
+
+
+def test_a_chat_the_template_rejects_is_one_line(tmp_path, chat_tokenizer):
+    chat_tokenizer.chat_template = "{{ raise_exception('roles must alternate') }}"
+    p = tmp_path / "chats.jsonl"
+    p.write_text(json.dumps({"messages": [{"role": "user", "content": "a"}]}) + "\n")
+    with pytest.raises(SensprofError, match=rf"{p}:1: the model's chat template cannot render these messages: "
+                                            "roles must alternate"):
+        read_texts([str(p)]).render(chat_tokenizer)
+
+
+@pytest.mark.parametrize("obj", [{"messages": []}, {"messages": "hi"}, {"messages": [{"content": "no role"}]},
+                                 {"messages": [{"role": "user"}]}], ids=["empty", "string", "no-role", "no-content"])
+def test_a_bad_chat_line_names_its_file_and_line(tmp_path, obj):
+    p = tmp_path / "chats.jsonl"
+    p.write_text(json.dumps({"text": "ok"}) + "\n\n" + json.dumps(obj) + "\n")
+    with pytest.raises(SensprofError) as e:
+        read_texts([str(p)])
+    assert f"{p}:3 has no string 'text' field nor a 'messages' chat" in str(e.value)
+    assert '{"messages": [{"role": ..., "content": ...}, ...]}' in str(e.value)
 
 
 # --------------------------------------------------------------------------- make_windows

@@ -304,6 +304,34 @@ def test_selection_on_the_users_own_text(sel, capsys, tmp_path):
     assert "--select-text own.txt is the text the plan was profiled on" in line
 
 
+def test_sweep_and_plan_select_on_a_folder_of_the_users_text(sel, capsys, tmp_path):
+    """sweep --select-text: each budget's plan chosen on the user's text as plan --select-text chooses it (the same
+    plan, the same record); a folder's files are recorded as read (hidden ones skipped); without --select-measured,
+    sweep refuses it as plan does."""
+    from sensprof.data import builtin_corpus
+
+    corpus = builtin_corpus()
+    mine = tmp_path / "mine"
+    (mine / "b").mkdir(parents=True)
+    (mine / "a.txt").write_text(corpus[-30_000:-15_000])
+    (mine / "b" / "c.jsonl").write_text("\n".join(json.dumps({"text": corpus[i:i + 1000]})
+                                                  for i in range(len(corpus) - 15_000, len(corpus) - 1000, 1000)))
+    (mine / ".skip.txt").write_text("hidden")
+    plan, _ = _plan(capsys, sel.profile, tmp_path / "p.json", "--select-text", str(mine))
+    s = plan.solver.select
+    assert s["text"] == "mine" and s["text_files"] == [str(mine / "a.txt"), str(mine / "b" / "c.jsonl")]
+    out = tmp_path / "sweep"
+    rc, stdout, err = run_cli(capsys, "sweep", sel.profile, "--avg-bits", "5", "--select-measured", "2",
+                              "--select-text", mine, "--device", "cpu", "--out", out)
+    assert rc == 0, err
+    swept = load_plan(str(out / "plan-5bits.json"))
+    assert swept.solver.select == s and swept.layers == plan.layers
+    line = one_error_line(*run_cli(capsys, "sweep", sel.profile, "--avg-bits", "5", "--select-text", mine,
+                                   "--out", tmp_path / "s2"))
+    assert "--select-text is the text --select-measured chooses on, and --select-measured is 0" in line
+    assert not (tmp_path / "s2").exists()
+
+
 def test_selection_beyond_the_served_context_is_refused(sel, capsys):
     from conftest import one_error_line
 

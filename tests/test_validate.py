@@ -484,3 +484,74 @@ def test_validate_on_the_users_own_text(text_run, tmp_path, capsys):
                                        "--text", path, "--out", tmp_path / "bad.csv"))
         assert expect in line, line
         assert not (tmp_path / "bad.csv").exists()
+
+
+def _chat_model_dir(tiny_model_dir, tmp_path):
+    """The tiny model with a simple Jinja chat template on its tokenizer (the tests' own tokenizer has none)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    d = tmp_path / "chat-model"
+    shutil.copytree(tiny_model_dir, d)
+    tok = AutoTokenizer.from_pretrained(d)
+    tok.chat_template = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    tok.save_pretrained(d)
+    return tok, str(d)
+
+
+def _text_folder(folder, body: str):
+    """A folder of the user's text: a plain file, JSONL chats (in a subfolder), a hidden file and a binary one."""
+    import json
+
+    (folder / "chats").mkdir(parents=True)
+    (folder / "notes.txt").write_text(body[:8000])
+    (folder / "chats" / "talk.jsonl").write_text("\n".join(
+        json.dumps({"messages": [{"role": "user", "content": body[i:i + 400]},
+                                 {"role": "assistant", "content": body[i + 400:i + 800]}]})
+        for i in range(8000, len(body) - 800, 800)))
+    (folder / ".draft.txt").write_text("not read")
+    (folder / "figure.png").write_bytes(b"\x89PNG\x00\x00")
+    return [str(folder / "chats" / "talk.jsonl"), str(folder / "notes.txt")]  # sorted by path
+
+
+def test_profile_and_validate_on_a_folder_of_chats(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """--text FOLDER reads every text file under it (hidden and binary ones skipped), JSONL chats rendered with the
+    model's chat template: a profile records the files it read (and validate re-reads them, chats and all);
+    validate's CSV names the user's text and its one digest; a chat file for a model without a chat template, or the
+    profile's own chats as --text, are one line each."""
+    from sensprof.data import load_text, text_digest
+    from sensprof.table import load_meta
+
+    monkeypatch.chdir(tmp_path)  # the profile's recorded text lies under the current folder
+    tok, chat_model = _chat_model_dir(tiny_model_dir, tmp_path)
+    corpus = builtin_corpus()
+    prof, plan = tmp_path / "profile", tmp_path / "plan.json"  # profiled on a folder of chats
+    theirs = tmp_path / "theirs"
+    profiled = _text_folder(theirs, corpus[100_000:124_000])
+    assert main(["profile", "--model", chat_model, "--text", str(theirs), "--seq-len", "32", "--windows", "2",
+                 "--schemes", "fp8_e4m3,int4_c32", "--out", str(prof), "--device", "cpu", "--quiet"]) == 0
+    meta = load_meta(str(prof))
+    assert meta["text_files"] == profiled
+    assert meta["settings"]["text_digest"] == text_digest(load_text(profiled, tok)[0])
+    assert main(["plan", str(prof), "--avg-bits", "8", "--select-measured", "0", "--out", str(plan)]) == 0
+    rc, stdout, err = run_cli(capsys, "validate", plan, "--device", "cpu", "--out", tmp_path / "own.csv")
+    assert rc == 0, err
+
+    mine = tmp_path / "mine"
+    files = _text_folder(mine, corpus[-24_000:])
+    out = tmp_path / "v.csv"
+    rc, stdout, err = run_cli(capsys, "validate", plan, "--device", "cpu", "--text", mine, "--out", out)
+    assert rc == 0, err
+    assert "text: mine, 2 file(s) read" in stdout and "measured on 2 windows of mine of 32 tokens" in stdout
+    df = pd.read_csv(out)
+    assert set(df.text) == {"mine"} and set(df.text_digest) == {text_digest(load_text(files, tok)[0])}
+    assert "<|user|>" in load_text(files, tok)[0]
+
+    line = one_error_line(*run_cli(capsys, "validate", plan, "--model", tiny_model_dir, "--device", "cpu",
+                                   "--text", files[0], "--out", tmp_path / "bad.csv"))
+    assert f"{files[0]}:1 is a chat ('messages'), but the model's tokenizer has no chat template" in line
+    line = one_error_line(*run_cli(capsys, "validate", plan, "--device", "cpu", "--text", theirs,
+                                   "--out", tmp_path / "bad.csv"))
+    assert "--text theirs is the text the plan was profiled on" in line
+    assert not (tmp_path / "bad.csv").exists()
