@@ -249,7 +249,8 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     from .artifacts import load_plan
     from .files import atomic_write_text, check_writable
     from .models import load_for_plan
-    from .validate import advantage_note, format_table, validate_plan, validation_lengths, validation_windows
+    from .validate import (advantage_note, check_plan_text, format_table, validate_plan, validation_lengths,
+                           validation_windows)
 
     if windows is not None and windows < 1:
         raise SensprofError(f"--windows {windows} is too few; use at least 1, or leave --windows out for as many as "
@@ -258,6 +259,7 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
         raise SensprofError("--engine-python names the Python that runs an engine, and no --engine was given; pass "
                             "--engine vllm or --engine llamacpp, or drop --engine-python")
     result = load_plan(plan_path)
+    check_plan_text(result)  # a text file the plan records, refused before the model loads or anything is read
     user_text = None
     if text:
         from .validate import read_user_text

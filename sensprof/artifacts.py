@@ -160,6 +160,13 @@ class ProfileRef:
     window_slots: tuple[int, ...] | None = None
     text_files: tuple[str, ...] | None = None
     text: str | None = None
+    plan_dir: str | None = field(default=None, compare=False)  # the folder of the plan file read (never from it)
+
+    def text_roots(self) -> list[str] | None:
+        """Where its text files may be read (files.check_recorded_files): the plan file's folder and the current
+        folder for a plan read from a file, the profile's folder and the current folder for one made here."""
+        root = self.plan_dir or self.path
+        return [root, "."] if root else None
 
     def locate(self) -> str | None:
         """The profile directory if it is there, else None."""
@@ -266,13 +273,14 @@ class Plan:
                                     f"not distinct layers of its {n}; {redo}")
         dtypes = getattr(self.engine, "layer_dtypes", ())  # as loaded, not yet known to be a tuple
         if dtypes:
-            from .targets import PER_LAYER_DTYPES
+            from .targets import PER_LAYER_DTYPES, per_layer_flags
 
-            allowed = PER_LAYER_DTYPES.get(self.engine.vllm_gpu, ())
+            allowed = set(per_layer_flags(self.engine.vllm_gpu))
             if (not isinstance(dtypes, tuple) or len(dtypes) != n or any(d not in allowed for d in dtypes)
                     or not isinstance(self.engine.architecture, str)):
                 raise SensprofError(f"plan {path!r} lists per-layer vLLM dtypes that are not one of "
-                                    f"{', '.join(allowed) or 'none'} for each of its {n} layers (with the model's "
+                                    f"{', '.join(PER_LAYER_DTYPES.get(self.engine.vllm_gpu, ())) or 'none'} (or a "
+                                    f"k:<K>/v:<V> pair of the plugin's) for each of its {n} layers (with the model's "
                                     f"architecture); {redo}")
         select = self.solver.select
         if select is not None:
@@ -352,6 +360,7 @@ class Plan:
         if path and plan_dir is not None:
             path = os.path.relpath(os.path.abspath(path), os.path.abspath(plan_dir))
         out["profile"]["path"] = path
+        del out["profile"]["plan_dir"]
         return _json_native(out)
 
     @classmethod
@@ -373,6 +382,7 @@ class Plan:
             plan = cls(**obj | {"profile": {**prof, "path": ppath}})
         except (TypeError, KeyError, AttributeError, ValueError) as e:
             raise SensprofError(f"{path!r} is a malformed plan ({e}); re-run `sensprof plan`") from None
+        object.__setattr__(plan.profile, "plan_dir", os.path.dirname(path) or ".")
         plan.check(path)
         return plan
 

@@ -69,6 +69,9 @@ def write_json(path: str, obj) -> None:
 def read_json(path: str, what: str, not_json: str | None = None):
     """JSON from `path`; `not_json`: the message for a file that is not JSON at all (empty, binary), instead of
     calling it a corrupt profile file."""
+    if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):  # a FIFO would hang the open
+        raise SensprofError(f"{what} {path!r} is not a regular file (a FIFO or a device), which sensprof does not "
+                            "read; pass the file sensprof wrote")
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -169,6 +172,25 @@ def output_lock(folder: str, flag: str = "--out", lock_path: str | None = None):
                 os.rmdir(d)  # only if empty: the run wrote nothing there
             except OSError:
                 break
+
+
+def check_recorded_files(paths, roots, what: str, fix: str) -> None:
+    """A file that a plan or a profile records (its profile's text) is read only if it is a regular file under
+    `roots` (the folder of the plan or profile the user named, and the current folder; None: a record made in this
+    process, read where it points), since a plan or profile from elsewhere could name any file. Checked by its
+    name alone, before anything opens it; a file that is not there is left to the caller's own message."""
+    for p in paths or []:
+        if not os.path.lexists(p):
+            continue
+        real = os.path.realpath(p)
+        where = [os.path.realpath(r) for r in roots] if roots is not None else None
+        if where is not None and not any(os.path.commonpath([real, r]) == r for r in where):
+            raise SensprofError(f"{what} {p!r} lies outside {roots[0]!r} and the current folder, and sensprof reads a "
+                                "text file that a plan or profile records only from there (one from elsewhere could "
+                                f"name any file); run sensprof from a folder that holds it{fix}")
+        if not stat.S_ISREG(os.stat(real).st_mode) or real.split(os.sep)[1:2] in (["proc"], ["sys"], ["dev"]):
+            raise SensprofError(f"{what} {p!r} is not a regular file (a folder, FIFO, device or /proc file), which "
+                                f"sensprof does not read as text; restore the text the profile was made from{fix}")
 
 
 def check_no_symlinks(folder: str, names, flag: str = "--out") -> None:

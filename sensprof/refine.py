@@ -15,6 +15,7 @@ import dataclasses
 import os
 
 from .errors import SensprofError
+from .files import check_recorded_files
 from .artifacts import Plan
 from .plan import build_plan, priced_table
 from .schemes import get_scheme
@@ -50,6 +51,7 @@ def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str =
     if missing:
         raise SensprofError(f"--refine re-runs the profile's text, but {missing[0]!r} is gone; restore it or drop "
                             "--refine")
+    check_recorded_files(meta.get("text_files"), [profile_dir, "."], "the profile's text", ", or drop --refine")
     loaded = load_for_profile(plan, meta, model, device, dtype, device_map, trust_remote_code)
     settings = meta["settings"]
     ids, _, digest, _ = select_windows(loaded.tokenizer, files, settings["seq_len"], settings["windows"],

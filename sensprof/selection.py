@@ -19,6 +19,7 @@ import dataclasses
 import os
 
 from .errors import SensprofError
+from .files import check_recorded_files
 from .artifacts import Plan
 from .schemes import get_scheme
 
@@ -142,6 +143,8 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     if missing:
         raise SensprofError(f"--select-measured reads the profile's text, but {missing[0]!r} is gone; restore it or "
                             "pass --select-measured 0 to plan by predicted damage alone")
+    check_recorded_files(meta.get("text_files"), [profile_dir, "."], "the profile's text",
+                         ", or pass --select-measured 0 to plan by predicted damage alone")
     pricing = plan.predicted.pricing or {}
     own = int(meta["settings"]["seq_len"])
     context = int(pricing.get("context_len") or 4 * own)

@@ -257,6 +257,8 @@ def check_rows(table, key: list[str], n_layers: int, where: str, fix: str) -> No
 
 def _check_whole_line(path: str, where: str, fix: str) -> None:
     """sensprof writes each table whole, ending in a newline; a last line without one was cut off."""
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would hang the open
+        raise SensprofError(f"{where} is not a regular file (a folder, FIFO or device); {fix}")
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
         if f.tell():

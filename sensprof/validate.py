@@ -215,6 +215,7 @@ def profile_text(plan: Plan, tokenizer=None) -> tuple[str, str]:
     from .data import load_text, text_digest
 
     files = list(plan.profile.text_files or [])
+    check_plan_text(plan)
     gone = [f for f in files if not os.path.isfile(f)]
     if gone:
         raise SensprofError(f"the plan's profile text {gone[0]!r} is not there; restore the text the profile was "
@@ -227,6 +228,15 @@ def profile_text(plan: Plan, tokenizer=None) -> tuple[str, str]:
             f"was profiled (digest {text_digest(text)} now, {want or 'none'} in the plan); restore that text, or "
             "re-profile and re-plan")
     return text, name
+
+
+def check_plan_text(plan: Plan) -> None:
+    """The plan's profile text is read only if it is a regular file under the plan file's folder or the current
+    folder (files.check_recorded_files): a plan from elsewhere could name /proc/self/environ or a FIFO."""
+    from .files import check_recorded_files
+
+    roots = getattr(plan.profile, "text_roots", lambda: None)()
+    check_recorded_files(plan.profile.text_files, roots, "the plan's profile text", ", or re-profile and re-plan")
 
 
 def read_user_text(profile_digest: str | None, files: list[str], flag: str = "--text",

@@ -856,3 +856,73 @@ def test_a_folder_or_fifo_named_like_a_gguf_file_is_called_what_it_is(capsys, tm
                        ("gone.gguf", "does not exist")):
         line = one_error_line(*run_cli(capsys, "profile", "--model", str(tmp_path / name), "--out", tmp_path / "p"))
         assert what in line, line
+
+
+# --------------------------------------------------------------------------- files an artifact records
+
+
+def _refuse_reading(monkeypatch):
+    """Fail the test if a text file or the model is read: a recorded path must be refused before anything opens."""
+    import sensprof.data
+    import sensprof.models
+
+    def opened(*a, **k):
+        raise AssertionError(f"read before the refusal: {a[:1]}")
+
+    for name in ("load_text", "text_source", "select_windows"):
+        monkeypatch.setattr(sensprof.data, name, opened, raising=False)
+    for name in ("load_for_plan", "load_for_profile"):
+        monkeypatch.setattr(sensprof.models, name, opened)
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "/proc/self/environ", "fifo"])
+def test_validate_refuses_a_recorded_text_outside_the_plans_folder_unread(capsys, tmp_path, monkeypatch, target):
+    """A plan naming /etc/passwd or /proc/self/environ had it read and digested; a FIFO beside it, opened."""
+    plan_dir = tmp_path / "plans"
+    plan_dir.mkdir()
+    if target == "fifo":
+        target = str(plan_dir / "text.txt")
+        os.mkfifo(target)
+    plan = make_plan("sensprof", {}, [("fp8_e4m3", "fp8_e4m3")] * 3, [("full", None)] * 3)
+    path = save(dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, text_files=(target,))), plan_dir)
+    _refuse_reading(monkeypatch)
+    line = one_error_line(*run_cli(capsys, "validate", path, "--device", "cpu", "--out", tmp_path / "v.csv"))
+    assert repr(target) in line
+    assert ("not a regular file" in line) if "plans" in target else ("lies outside" in line and "plans" in line)
+    assert "run sensprof from a folder that holds it" in line or "FIFO" in line
+
+
+@pytest.mark.parametrize("flag", ["--select-measured", "--refine"])
+@pytest.mark.parametrize("where", ["outside", "fifo"])
+def test_plan_refuses_a_profiles_recorded_text_unread(capsys, profile_copy, tmp_path, monkeypatch, flag, where):
+    """meta.json's text_files naming a file outside the profile's folder was read; a FIFO in it hung the run."""
+    if where == "fifo":
+        text = os.path.join(profile_copy, "text.txt")
+        os.mkfifo(text)
+    else:
+        text = str(tmp_path / "elsewhere.txt")
+        Path(text).write_text("some text " * 500)
+    meta = json.loads(Path(profile_copy, "meta.json").read_text())
+    meta["text_files"] = [text]
+    Path(profile_copy, "meta.json").write_text(json.dumps(meta))
+    _refuse_reading(monkeypatch)
+    rc, out, err = run_cli(capsys, "plan", profile_copy, "--avg-bits", "8", flag, "1", "--device", "cpu",
+                           "--out", tmp_path / "p.json")
+    line = one_error_line(rc, out, err)
+    assert repr(text) in line
+    assert ("not a regular file" if where == "fifo" else "lies outside") in line
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_fifo_in_a_plans_profile_folder_is_refused_unopened(capsys, profile_copy, tmp_path):
+    """meta.json (or a table) of the profile a plan names is opened only if it is a regular file: a FIFO hung."""
+    os.replace(os.path.join(profile_copy, "meta.json"), tmp_path / "meta.json")
+    os.mkfifo(os.path.join(profile_copy, "meta.json"))
+    line = one_error_line(*run_cli(capsys, "summary", profile_copy))
+    assert "meta.json" in line and "not a regular file" in line
+    os.unlink(os.path.join(profile_copy, "meta.json"))
+    os.replace(tmp_path / "meta.json", os.path.join(profile_copy, "meta.json"))
+    os.unlink(os.path.join(profile_copy, "stats.csv"))
+    os.mkfifo(os.path.join(profile_copy, "stats.csv"))
+    line = one_error_line(*run_cli(capsys, "summary", profile_copy))
+    assert "stats.csv" in line and "not a regular file" in line

@@ -227,7 +227,7 @@ def test_refine_bad_input(menu_run, capsys, tmp_path):
     rc, out, err = run_cli(capsys, "plan", str(copy), "--avg-bits", "4", "--refine", "1", "--out",
                            str(tmp_path / "p.json"))
     assert "gone.txt' is gone; restore it or drop --refine" in one_error_line(rc, out, err)
-    changed = tmp_path / "changed.txt"  # there, but not the text that was profiled (issue 24)
+    changed = copy / "changed.txt"  # there, but not the text that was profiled (issue 24)
     changed.write_text("other words " * 4000)
     meta["text_files"] = [str(changed)]
     (copy / "meta.json").write_text(json.dumps(meta))

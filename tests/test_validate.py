@@ -4,6 +4,7 @@ reference configurations; end to end through `sensprof profile / plan / validate
 from __future__ import annotations
 
 import math
+import contextlib
 import os
 import types
 
@@ -254,7 +255,8 @@ def text_run(tiny_model_dir, tmp_path_factory, _one_thread):
     prof, plan = root / "profile", root / "plan.json"
     assert main(["profile", "--model", tiny_model_dir, "--text", str(text), "--seq-len", "32", "--windows", "2",
                  "--schemes", "fp8_e4m3,int4_c32", "--out", str(prof), "--device", "cpu", "--quiet"]) == 0
-    assert main(["plan", str(prof), "--avg-bits", "8", "--out", str(plan)]) == 0
+    with contextlib.chdir(root):  # the profile's text is read only from its folder or the current one
+        assert main(["plan", str(prof), "--avg-bits", "8", "--out", str(plan)]) == 0
     return types.SimpleNamespace(root=root, text=text, profile=str(prof), plan=str(plan))
 
 
@@ -285,10 +287,13 @@ def test_validate_reads_only_the_text_the_plan_was_profiled_on(text_run, tmp_pat
         assert not (tmp_path / "v.csv").exists()
 
 
-def test_plan_beside_another_models_profile_does_not_predict_from_it(text_run, tmp_path, tiny_tokenizer, capsys):
+def test_plan_beside_another_models_profile_does_not_predict_from_it(text_run, tmp_path, tiny_tokenizer, capsys,
+                                                                    monkeypatch):
     """A plan copied next to another model's profile (its relative path now leads there) predicted from it."""
     import json
     import shutil
+
+    monkeypatch.chdir(text_run.root)  # where the profile's text is: read from the current folder
 
     other = tmp_path / "other-model"
     make_tiny_model("llama", seed=1).save_pretrained(other)
