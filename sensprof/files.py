@@ -115,7 +115,8 @@ def output_lock(folder: str, flag: str = "--out", lock_path: str | None = None):
     """Hold an exclusive lock on `folder` (one writer per output folder) for the block.
 
     The lock is an OS file lock (flock) on `lock_path` (default: LOCK inside the folder), so the kernel drops it
-    when the process dies, kill -9 included: a stale lock file is just taken over. A second run while it is
+    when the process dies, kill -9 included: a stale lock file is taken over, with a note, by locking that same
+    file (never removed and made anew, so two live runs cannot both hold it). A second run while it is
     held gets one line naming the holder (its PID and command, written into the lock file). A folder the lock
     created is removed again at the end if the run left nothing in it."""
     import fcntl
@@ -157,6 +158,10 @@ def output_lock(folder: str, flag: str = "--out", lock_path: str | None = None):
         except FileNotFoundError:
             same = False
         if same:
+            left = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()  # a holder's line: it was killed
+            if left:
+                print(f"sensprof: note: taking over {lock!r}, left by a run that is no longer running ({left[:160]})",
+                      file=sys.stderr)
             break
         os.close(fd)
     try:

@@ -14,14 +14,16 @@ import os
 # dashboard and runtime-env agents, vLLM's engine core: they outlive their parent), refreshed every second until
 # its stdin says "release" (then it exits) or reaches EOF (the driver's end of the pipe closed: the driver is
 # gone); then it SIGKILLs every one of them still running, skipping any PID since reused by another process, and,
-# once they are gone, removes the folders given as RM:PATH.
+# once they are gone, removes the folders given as RM:PATH and the lock files given as LOCK:PATH, each only while
+# it holds that lock itself (files.output_lock's protocol: unlinked before it is released, so no later run that has
+# taken the lock over loses it).
 _REAPER = """
-import os, select, shutil, sys
+import fcntl, os, select, shutil, stat, sys, time
 import psutil
-roots, known, folders = [], {}, []
+roots, known, folders, locks = [], {}, [], []
 for arg in sys.argv[1:]:
-    if arg.startswith("RM:"):
-        folders.append(arg[3:])
+    if arg.startswith(("RM:", "LOCK:")):
+        (folders if arg.startswith("RM:") else locks).append(arg.partition(":")[2])
         continue
     pid, _, start = arg.partition(":")
     try:
@@ -49,6 +51,28 @@ for p in known.values():
 psutil.wait_procs(list(known.values()), timeout=30)
 for folder in folders:
     shutil.rmtree(folder, ignore_errors=True)
+for lock in locks:
+    for _ in range(20):  # the dead driver's lock is released as the kernel closes its files, maybe after its pipe
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            break  # gone, or not a file we may touch
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                break
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(0.1)
+                continue
+            if os.path.samestat(st, os.stat(lock, follow_symlinks=False)):
+                os.unlink(lock)
+            break
+        except OSError:
+            break
+        finally:
+            os.close(fd)
 """
 _reaper_pipes: list[int] = []  # the write ends of reapers never released, held open for the life of the process
 
@@ -70,10 +94,11 @@ class Reaper:
         self.write = None
 
 
-def fate_share(pids, remove: str = "") -> Reaper:
+def fate_share(pids, remove: str = "", lock: str = "") -> Reaper:
     """Make the processes `pids` (and their descendants) die with this process, however it ends: a reaper
     process kills them when this process's end of a pipe closes, then removes the folder `remove` (theirs, or with
-    no pids, this process's own work in progress)."""
+    no pids, this process's own work in progress) and the lock file `lock` this process holds (files.output_lock),
+    if no other run has taken it over by then."""
     import subprocess
     import sys
 
@@ -87,6 +112,8 @@ def fate_share(pids, remove: str = "") -> Reaper:
         return Reaper(None)
     if remove:
         args.append(f"RM:{remove}")
+    if lock:
+        args.append(f"LOCK:{lock}")
     read, write = os.pipe()
     try:
         subprocess.Popen([sys.executable, "-c", _REAPER, *args], stdin=read, stdout=subprocess.DEVNULL,

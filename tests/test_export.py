@@ -684,8 +684,8 @@ main(["export", sys.argv[1], "--format", "vllm", "--write-checkpoint", sys.argv[
 
 
 def test_a_killed_export_leaves_no_half_written_checkpoint(fp8_plan, tmp_path):
-    """kill -9 during --write-checkpoint left ~100 MB of temporary files until a later export into the same name;
-    the export's reaper removes them as soon as it dies."""
+    """kill -9 during --write-checkpoint left ~100 MB of temporary files and its lock file until a later export into
+    the same name; the export's reaper removes them as soon as it dies."""
     import signal
     import subprocess
     import sys
@@ -699,12 +699,14 @@ def test_a_killed_export_leaves_no_half_written_checkpoint(fp8_plan, tmp_path):
         assert proc.stdout.readline().strip() == "written"
         temp = [n for n in os.listdir(tmp_path) if n.startswith(".tmp-checkpoint-killed.")]
         assert len(temp) == 1 and os.listdir(tmp_path / temp[0])  # the half-written checkpoint is there
+        lock = tmp_path / ".killed.sensprof.lock"
+        assert lock.exists()
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
         deadline = time.monotonic() + 30
-        while (tmp_path / temp[0]).exists() and time.monotonic() < deadline:
+        while ((tmp_path / temp[0]).exists() or lock.exists()) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not (tmp_path / temp[0]).exists() and not ckpt.exists()
+        assert not (tmp_path / temp[0]).exists() and not ckpt.exists() and not lock.exists()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -122,11 +122,13 @@ def write_checkpoint(plan: Plan, model, tokenizer, out_dir: str, dtype=None, sca
     parent = os.path.dirname(os.path.abspath(out_dir))
     name = os.path.basename(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
-    with output_lock(out_dir, "--write-checkpoint", os.path.join(parent, f".{name}.sensprof.lock")):
+    lock = os.path.join(parent, f".{name}.sensprof.lock")
+    with output_lock(out_dir, "--write-checkpoint", lock):
         check_checkpoint_dir(out_dir)  # again, now that no other export can be writing it
         remove_killed_exports(parent, name)
         tmp = tempfile.mkdtemp(dir=parent, prefix=f"{TMP_PREFIX}{name}.")
-        reaper = fate_share([], remove=tmp)  # a kill -9 of this export leaves no half-written checkpoint behind
+        reaper = fate_share([], remove=tmp, lock=lock)  # a kill -9 of this export leaves no half-written checkpoint
+        # and no lock file behind
         try:
             if model.dtype != dtype:
                 model = model.to(dtype)
