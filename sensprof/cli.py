@@ -195,24 +195,39 @@ def _main(argv=None) -> int:
             return 2
         return COMMANDS[args.command](args)
     except SensprofError as e:
+        _end_progress_bars()
         print(f"sensprof: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        _end_progress_bars()
         command = getattr(args, "command", None)
         print("sensprof: interrupted; " + ("run the same command again to resume" if command in RESUMABLE else
                                           f"`sensprof {command or ''}` does not resume: run it again"),
               file=sys.stderr)
         return 130
     except MemoryError:
+        _end_progress_bars()
         print("sensprof: error: out of memory; use fewer --windows, a shorter --seq-len or --variants-per-pass 1",
               file=sys.stderr)
         return 2
     except Exception as e:  # out-of-memory on a GPU surfaces as a RuntimeError subclass
         if type(e).__name__ == "OutOfMemoryError":
+            _end_progress_bars()
             print("sensprof: error: GPU out of memory; use fewer --windows, a shorter --seq-len or "
                   "--variants-per-pass 1", file=sys.stderr)
             return 2
         raise
+
+
+def _end_progress_bars() -> None:
+    """Close the progress bars an error left open (ours, or a library's loop the error broke out of), so the error
+    line starts on a line of its own instead of after a half-drawn bar."""
+    tqdm = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
+    for bar in list(getattr(tqdm, "_instances", ())):
+        try:
+            bar.close()
+        except Exception:  # a bar whose file is gone: nothing of it is on the terminal to end
+            pass
 
 
 if __name__ == "__main__":

@@ -582,3 +582,29 @@ def test_out_dir_of_another_read_regime_says_both(capsys, tiny_model_dir, profil
     """A profile made with --reads streaming (left out of meta.json) refused a --reads all run with 'None now'."""
     msg = cli_error(capsys, "profile", "--model", tiny_model_dir, *FAST, "--reads", "all", "--out", profile_dir)
     assert "reads: 'streaming' there, 'all' now" in msg and "None" not in msg
+
+
+@pytest.mark.parametrize("error", ["refusal", "interrupt"])
+def test_an_error_line_starts_a_line_of_its_own_after_an_open_progress_bar(capsys, monkeypatch, error):
+    """An error raised while a progress bar was mid-line (a library's loop the error broke out of) was printed on
+    the bar's line: `profiling:  40%|####      | 2/5sensprof: error: ...`."""
+    from tqdm import tqdm
+
+    import sensprof.cli
+    from sensprof.errors import SensprofError
+
+    bars = []
+
+    def failing(args):
+        bar = tqdm(total=5, desc="profiling", file=sys.stderr, mininterval=0)
+        bars.append(bar)  # still open, as in a loop the error broke out of
+        bar.update(2)
+        raise SensprofError("the text is too short; pass a longer --text") if error == "refusal" else KeyboardInterrupt
+
+    monkeypatch.setitem(sensprof.cli.COMMANDS, "summary", failing)
+    rc = main(["summary", "anything"])
+    err = capsys.readouterr().err
+    assert rc == (2 if error == "refusal" else 130)
+    want = "sensprof: error: the text is too short" if error == "refusal" else "sensprof: interrupted;"
+    assert any(line.startswith(want) for line in err.split("\n")), repr(err)
+    assert "profiling" in err
