@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 
 from ...errors import SensprofError
 from ...files import atomic_write_text
@@ -57,21 +58,32 @@ def run_job(engine: str, python: str, job: dict, workdir: str, log_path: str, ti
         raise SensprofError(f"{engine} failed: {why}; its full log: {log_path}")
 
 
+# The engine's process first waits for sensprof to arm the reaper (a kill -9 in between closes the pipe: it exits
+# unstarted), then becomes the engine's Python running the runner, with /dev/null as its input.
+_WAIT_FOR_REAPER = ("import os, sys\nif not os.read(0, 2): sys.exit(1)\nos.dup2(os.open(os.devnull, os.O_RDONLY), 0)\n"
+                    "os.execv(sys.argv[1], sys.argv[1:])")
+
+
 def _run_in_own_group(cmd: list[str], log, env: dict, timeout: float | None, engine: str, workdir: str) -> int:
     """Run the engine in a session of its own and end the whole group on every way out (its engine-core
     processes included): a time-out, Ctrl-C, SIGTERM; a reaper does the same, and removes `workdir`, if sensprof
     itself is killed (kill -9)."""
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-    reaper = fate_share([proc.pid], remove=workdir)
+    proc = subprocess.Popen([sys.executable, "-S", "-c", _WAIT_FOR_REAPER, *cmd], stdout=log, stderr=subprocess.STDOUT,
+                            env=env, stdin=subprocess.PIPE, start_new_session=True)
+    reaper = None
     try:
+        reaper = fate_share([proc.pid], remove=workdir)
+        with contextlib.suppress(OSError):  # the engine starts only now that a kill -9 of sensprof would end it
+            proc.stdin.write(b"go")
+            proc.stdin.close()
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         raise SensprofError(f"{engine} did not finish within {timeout:.0f} s; use fewer or shorter windows "
                             "(--windows, --seq-len)") from None
     finally:
         _end_group(proc)
-        reaper.release()
+        if reaper is not None:
+            reaper.release()
 
 
 def _end_group(proc: subprocess.Popen) -> None:
