@@ -33,6 +33,13 @@ def _load_plan_module():
 
 P = _load_plan_module()
 MIXED = ["fp8_e5m2", "auto", "fp8_e4m3", "fp8_e5m2"]  # all three CPU dtypes; fp8_e5m2 the most used (the global)
+# Keys and Values in their own formats (the plugin's SENSPROF_KV backend) beside vLLM's own dtypes
+ASYM = ["k:fp8_e4m3/v:int4_t32", "auto", "k:auto/v:int3_t32", "fp8_e5m2"]
+LOSSLESS = ["k:auto/v:int8_t32"] * 4  # near-lossless values: the backend's attention against CPU_ATTN's
+# a small engine under pressure: 32-token blocks, 5 of them, 32-token prefill chunks; two 60-token prompts need 3
+# blocks each by their last token, so one is preempted and recomputed
+PRESSURE = {"block_size": 32, "num_gpu_blocks_override": 5, "max_num_batched_tokens": 32,
+            "enable_chunked_prefill": True, "max_model_len": 128}
 
 
 def plan(layers=MIXED, arch="LlamaForCausalLM", **model):
@@ -59,6 +66,70 @@ def test_plan_parses():
     assert (p.name, p.num_kv_heads, p.head_dim) == ("tiny", 2, 32)
     assert P.parse_plan(json.dumps(plan())) == P.parse_plan(plan())  # a JSON string is the same plan
     assert p.kv_bytes_per_token(4) == 3 * 2 * 2 * 32 * 1 + 2 * 2 * 32 * 4
+
+
+def test_asymmetric_layers_parse():
+    p = P.parse_plan(plan(ASYM, num_kv_heads=2, head_dim=32))
+    assert p.layers == tuple(ASYM) and [P.pair_components(d) for d in ASYM] == \
+        [("fp8_e4m3", "int4_t32"), None, ("auto", "int3_t32"), None]
+    # per token-head: K fp8 32 B + V int4 16 B codes + 4 B (fp16 scale and minimum); K float32 128 B + V int3 12 + 4
+    assert p.kv_bytes_per_token(4) == 2 * ((32 + 16 + 4) + 2 * 32 * 4 + (128 + 12 + 4) + 2 * 32)
+    assert P.global_dtype(p) == "fp8_e5m2"  # the asymmetric layers have their own backend: they do not count
+    assert P.global_dtype(P.parse_plan(plan(["k:fp8_e4m3/v:int4_t32", "auto"]))) == "auto"
+    P.check_platform_dtypes(p, "cpu")
+    refused(P.check_platform_dtypes, p, "cuda", match=r"served on vLLM's CPU backend only so far, not on cuda")
+
+
+@pytest.mark.parametrize("layers,match", [
+    (["k:fp8_e4m3/v:int4_t48"], r"'int4_t48' is not a V format this plugin stores; use auto, fp8_e4m3"),
+    (["k:int9_t32/v:auto"], r"'int9_t32' is not a K format"),
+    (["k:auto/v:int7_t32"], r"'int7_t32' is not a V format"),
+    (["k:auto/v:auto"], r"quantizes nothing; write 'auto'"),
+    (["k:fp8/v:int4_t32"], r"'fp8' is not a K format"),
+    (["K:fp8_e4m3/V:int4_t32"], r"not a KV dtype this plugin knows; use one of .* or k:<K>/v:<V>"),
+    (["auto", "k:auto/v:int4_t32"], r"layers\[1\] 'k:auto/v:int4_t32': groups of 32 channels do not divide "
+                                    r"head_dim 48; use a group that does"),
+])
+def test_malformed_asymmetric_layers_are_refused(layers, match):
+    refused(P.parse_plan, plan(layers, head_dim=48), match=match)
+
+
+def test_asymmetric_group_must_divide_the_served_head_size():
+    fp = {"architectures": ["LlamaForCausalLM"], "num_layers": 1, "head_size": 48, "platform": "cpu"}
+    refused(P.check_model, P.parse_plan(plan(["k:auto/v:int4_t32"])), fp,
+            match=r"groups of 32 channels do not divide this model's head size 48")
+
+
+def test_asymmetric_formats_are_sensprofs_bit_for_bit(monkeypatch):
+    """The backend's stored K and V read back exactly as sensprof's emulation of the same schemes (fake_quant), so
+    `sensprof validate --engine vllm` compares the engine with what the planner priced."""
+    import torch
+
+    from sensprof.quant import fake_quant
+    from sensprof.schemes import get_scheme
+
+    monkeypatch.syspath_prepend(PLUGIN)
+    from sensprof_vllm.formats import Component, pack_bits, unpack_bits
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 3, 64, generator=g) * torch.logspace(-3, 2, 64)  # [tokens, heads, D], channels of all sizes
+    x[2, 1] = 0.0  # a constant group: scale 0
+    for name, scheme in (("fp8_e4m3", "fp8_e4m3_rtz"), ("fp8_e5m2", "fp8_e5m2_rtz"), ("int4_t32", None),
+                         ("int3_t64", None), ("int2_t32", None), ("int8_t128", None), ("int5_t32", None)):
+        c = Component.parse(name)
+        for dtype in (torch.float32, torch.bfloat16):
+            xd = x.to(dtype)
+            stored = c.write(xd)
+            assert stored.dtype == torch.uint8 and stored.shape == (7, 3, c.nbytes(64, dtype))
+            got = c.read(stored, 64, dtype)
+            want = fake_quant(xd.permute(1, 0, 2).unsqueeze(0), get_scheme(scheme or name))[0].permute(1, 0, 2)
+            assert got.dtype == dtype and torch.equal(got, want), (name, dtype)
+    auto = Component.parse("auto")
+    assert torch.equal(auto.read(auto.write(x.bfloat16()), 64, torch.bfloat16), x.bfloat16())
+    for bits in range(2, 9):
+        codes = torch.randint(0, 2**bits, (5, 64), generator=g)
+        assert torch.equal(unpack_bits(pack_bits(codes, bits), bits, 64), codes)
+        assert pack_bits(codes, bits).shape[-1] == 64 * bits // 8
 
 
 def test_no_plan_is_none():
@@ -242,13 +313,22 @@ def engine(vllm_python, tiny_tokenizer, tmp_path_factory):
     import torch
 
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (40, 7, 150)]
+    prompts = [torch.randint(3, 320, (n,), generator=g).tolist() for n in (40, 7, 150, 60, 60)]
+    pressed = prompts[3:]  # served again by an engine under pressure (PRESSURE)
+    asym = {P.KEY: plan(ASYM, num_kv_heads=2, head_dim=32)}
     configs = [
         {"name": "mixed", "additional_config": {P.KEY: plan(name="tiny-llama", num_kv_heads=2, head_dim=32)},
          "prompts": prompts, "max_tokens": 8},
+        {"name": "mixed-pressure", "additional_config": {P.KEY: plan()}, "prompts": pressed, "max_tokens": 8,
+         "llm_args": PRESSURE},
+        {"name": "asym", "additional_config": asym, "prompts": prompts, "max_tokens": 8},
+        {"name": "asym-pressure", "additional_config": asym, "prompts": pressed, "max_tokens": 8,
+         "llm_args": PRESSURE},
+        {"name": "asym-lossless", "additional_config": {P.KEY: plan(LOSSLESS)}, "prompts": prompts[:3],
+         "max_tokens": 8},
         {"name": "mixed-multiprocess", "additional_config": {P.KEY: plan()}, "prompts": prompts[:1], "max_tokens": 8,
          "multiprocessing": True},
-        {"name": "no-plan", "prompts": prompts[:1], "max_tokens": 8},
+        {"name": "no-plan", "prompts": prompts[:3], "max_tokens": 8},
         {"name": "no-plan-fp8", "kv_cache_dtype": "fp8_e5m2"},
         *({"name": name, **fields} for name, (fields, _) in REFUSALS.items()),
     ]
@@ -330,7 +410,66 @@ def test_mixed_plan_batch_invariant(engine):
     assert r["alone"] == r["together"]
     for alone, together in zip(r["alone_logprobs"], r["together_logprobs"], strict=True):
         assert alone == pytest.approx(together, abs=1e-4)
-    assert len({tuple(t) for t in r["alone"]}) == 3
+    assert len({tuple(t) for t in r["alone"]}) == 5
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+@pytest.mark.parametrize("name", ["mixed", "asym"])
+def test_chunked_prefill_and_preemption(engine, name):
+    """Under pressure (32-token prefill chunks, five 32-token blocks for two 60-token prompts) the scheduler chunks
+    every prefill and preempts a request, and every prompt still gets the tokens (and log-probabilities) it gets alone
+    in a roomy engine, served in one piece."""
+    roomy, pressed = _ok(engine[name]), _ok(engine[f"{name}-pressure"])
+    assert pressed["kv"]["num_blocks"] == 5 and pressed["kv"]["block_size"] == 32
+    assert pressed["preemptions"] >= 1 and roomy["preemptions"] == 0
+    assert pressed["alone"] == pressed["together"] == roomy["alone"][3:]
+    for got, want in zip(pressed["together_logprobs"], roomy["alone_logprobs"][3:], strict=True):
+        assert got == pytest.approx(want, abs=1e-3)
+    assert [l["kv_cache_dtype"] for l in pressed["layers"]] == [l["kv_cache_dtype"] for l in roomy["layers"]]
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+def test_asymmetric_plan_is_what_the_engine_built(engine):
+    """Each asymmetric layer runs on the plugin's SENSPROF_KV backend with a packed uint8 page of its K and V bytes
+    per token-head (vLLM's own allocator sizes it from the backend's spec), beside CPU_ATTN layers with vLLM's own
+    dtypes; the KV memory per token is the plan's arithmetic; one log line per layer; batch invariant."""
+    r = _ok(engine["asym"])
+    want = [("auto", "SENSPROF_KV"), ("auto", "CPU_ATTN"), ("auto", "SENSPROF_KV"), ("fp8_e5m2", "CPU_ATTN")]
+    assert [(l["kv_cache_dtype"], l["backend"]) for l in r["layers"]] == want
+    assert [l["impl_kv_cache_dtype"] for l in r["layers"]] == [d for d, _ in want]
+    assert [l["formats"] for l in r["layers"]] == [["fp8_e4m3", "int4_t32"], [], ["auto", "int3_t32"], []]
+    assert [l["cache_torch_dtype"] for l in r["layers"]] == ["torch.uint8", "torch.float32", "torch.uint8",
+                                                              "torch.uint8"]
+    # [blocks, kv heads, block size, bytes or elements]: K fp8 32 + V int4 16 + 4; float32 K and V; 128 + 12 + 4
+    assert [l["cache_shape"][1:] for l in r["layers"]] == [[2, 128, 52], [2, 128, 64], [2, 128, 144], [2, 128, 64]]
+    tokens = r["kv"]["num_blocks"] * r["kv"]["block_size"]
+    plan_bytes = P.parse_plan(plan(ASYM, num_kv_heads=2, head_dim=32)).kv_bytes_per_token(4)
+    assert r["kv"]["bytes_per_token"] == plan_bytes == sum(l["cache_bytes"] for l in r["layers"]) / tokens == 1032
+    assert r["global_cache_dtype"] == "fp8_e5m2"
+    assert _layer_lines(r["log"]) == [(str(i), f"model.layers.{i}.self_attn.attn", d, b) for i, (d, b) in
+                                      enumerate(zip(ASYM, ["SENSPROF_KV", "CPU_ATTN", "SENSPROF_KV", "CPU_ATTN"]))]
+    assert r["alone"] == r["together"] and len({tuple(t) for t in r["alone"]}) == 5
+    assert r["alone_logprobs"][0] != pytest.approx(_ok(engine["no-plan"])["alone_logprobs"][0], abs=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+def test_asymmetric_attention_matches_vllms(engine):
+    """With near-lossless values (int8 per-token groups of 32) and unquantized keys on every layer, the backend's
+    paged attention gives vLLM's own CPU_ATTN log-probabilities on the same prompts: its gather, causal mask, GQA
+    mapping and scale are vLLM's."""
+    r, own = _ok(engine["asym-lossless"]), _ok(engine["no-plan"])
+    assert {l["backend"] for l in r["layers"]} == {"SENSPROF_KV"}
+    agree = 0
+    for tokens, got, want_tokens, want in zip(r["alone"], r["alone_logprobs"], own["alone"], own["alone_logprobs"],
+                                              strict=True):
+        same = next((j for j, (a, b) in enumerate(zip(tokens, want_tokens)) if a != b), len(tokens))
+        assert same >= 4, (tokens, want_tokens)  # a random tiny model's near-ties may flip a late greedy token
+        assert got[:same] == pytest.approx(want[:same], abs=2e-2)
+        agree += same
+    assert agree >= 20
 
 
 @pytest.mark.slow

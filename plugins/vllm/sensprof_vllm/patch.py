@@ -17,7 +17,7 @@ import logging
 import weakref
 
 from .plan import FP8, PlanError, check_layer, check_model, check_platform_dtypes, check_version, global_dtype, \
-    plan_from_additional_config
+    is_pair, plan_from_additional_config
 
 logger = logging.getLogger("vllm.sensprof_plan")  # under "vllm": vLLM's own handler and format print it
 _MARK = "_sensprof_plan_wrapped"
@@ -147,16 +147,27 @@ def _wrap(orig):
         except (AssertionError, ValueError):
             index = None
         dtype = check_layer(state.plan, index, prefix, window, a.get("attn_type") == AttentionType.DECODER)
+        pair = is_pair(dtype)
+        if pair:  # Keys and Values in their own formats: the model dtype as vLLM sees it, the plugin's backend
+            from .backend import backend_for, register
+
+            register()  # only when a plan has such a layer: without one, vLLM's registry is left as it is
+            if a.get("attn_backend") is not None:
+                raise PlanError(f"layer {index} ({prefix}) brings its own attention backend, so it cannot take "
+                                f"{dtype!r}; re-plan it with one of vLLM's dtypes")
+            a["attn_backend"] = backend_for(dtype)
         saved = (cache.cache_dtype, cache.kv_cache_dtype_skip_layers)
-        cache.cache_dtype, cache.kv_cache_dtype_skip_layers = dtype, []
+        cache.cache_dtype, cache.kv_cache_dtype_skip_layers = ("auto" if pair else dtype), []
         try:
-            orig(self, *args, **kwargs)
+            orig(*bound.args, **bound.kwargs)
         finally:
             cache.cache_dtype, cache.kv_cache_dtype_skip_layers = saved
-        got = (str(self.kv_cache_dtype), str(getattr(self.impl, "kv_cache_dtype", dtype)))
-        if got != (dtype, dtype):
-            raise PlanError(f"layer {index} was built with KV dtype {got[0]} (impl {got[1]}), not the plan's {dtype}; "
-                            "this vLLM overrides per-layer dtypes, serve without sensprof_plan")
+        want = "auto" if pair else dtype
+        got = (str(self.kv_cache_dtype), str(getattr(self.impl, "kv_cache_dtype", want)))
+        if got != (want, want) or (pair and self.attn_backend is not a["attn_backend"]):
+            raise PlanError(f"layer {index} was built with KV dtype {got[0]} (impl {got[1]}, backend "
+                            f"{self.attn_backend.get_name()}), not the plan's {dtype}; this vLLM overrides per-layer "
+                            "dtypes, serve without sensprof_plan")
         state.built[index] = dtype
         logger.info("sensprof plan: layer %d %s kv_cache_dtype=%s backend=%s", index, prefix, dtype,
                     self.attn_backend.get_name())

