@@ -60,6 +60,27 @@ def vllm_cpu_mixed_run(model_id: str, model, skip=(), round_to_nearest: bool = F
     return vllm_run(plan, "cpu", "per-layer mix")
 
 
+# a per-layer plan whose layers keep K and V in their own formats (the plugin's SENSPROF_KV backend) beside one of
+# vLLM's own dtypes, in turn over the layers not kept at the model dtype
+ASYM_CYCLE = ("k:fp8_e4m3/v:int4_t64", "k:auto/v:int3_t64", "fp8_e4m3", "k:fp8_e5m2/v:int5_t32")
+
+
+def vllm_cpu_asym_run(model_id: str, model, skip=(), swap: bool = False) -> EngineRun:
+    """A per-layer plan for sensprof's vLLM plugin with Keys and Values in their own formats (ASYM_CYCLE in turn,
+    `skip` layers auto), emulated with the schemes the per-layer target prices each with; swap: K and V schemes
+    exchanged in the emulation (a wrong one; the engine serves the plan as named)."""
+    from .planner import per_layer_engine
+    from .targets import get_target
+
+    by_flag = {d.flag_value: d for d in get_target("vllm", "cpu", per_layer=True).dtypes}
+    base = uniform_plan(model_id, model, "none", "none")
+    pick = [by_flag["auto" if i in skip else ASYM_CYCLE[i % len(ASYM_CYCLE)]] for i in range(len(base.layers))]
+    settings = engine_settings("vllm", per_layer_engine(pick, "cpu") | {"architecture": type(model).__name__})
+    layers = [dataclasses.replace(p, k_scheme=d.v_scheme if swap else d.k_scheme,
+                                  v_scheme=d.k_scheme if swap else d.v_scheme) for p, d in zip(base.layers, pick)]
+    return vllm_run(base.replace(target="vllm", engine=settings, layers=layers), "cpu", "per-layer K/V")
+
+
 def _rounded(scheme: str, round_to_nearest: bool) -> str:
     return scheme.removesuffix("_rtz") if round_to_nearest else scheme
 

@@ -16,7 +16,7 @@ from .budget import Budget
 from .table import OBJECTIVES
 from .errors import SensprofError
 from .schemes import get_scheme
-from .targets import EngineDtype, Target
+from .targets import EngineDtype, Target, is_pair
 
 NONE = "none"
 
@@ -203,11 +203,14 @@ def _polish(problem: Problem, budget: Budget, opts, pick: dict, limit: float, an
 
 
 def _dtypes_both(problem: Problem, target: Target, include_none: bool) -> list[EngineDtype]:
-    """The target's dtypes whose K and V schemes were both profiled on every layer."""
-    out = [d for d in target.dtypes if d.k_scheme != NONE
-           and d.k_scheme in problem.options["K"] and d.v_scheme in problem.options["V"]]
+    """The target's dtypes whose K and V schemes were both profiled on every layer (a tensor a dtype keeps at the
+    model dtype needs no profile), those that keep both (auto) first where `include_none`."""
+    def profiled(d: EngineDtype) -> bool:
+        return all(s == NONE or s in problem.options[t] for t, s in (("K", d.k_scheme), ("V", d.v_scheme)))
+
+    out = [d for d in target.dtypes if d.schemes != (NONE, NONE) and profiled(d)]
     if include_none:
-        out = [d for d in target.dtypes if d.k_scheme == NONE] + out
+        out = [d for d in target.dtypes if d.schemes == (NONE, NONE)] + out
     if not out:
         have = sorted(set(problem.options["K"]) | set(problem.options["V"]))
         need = target.schemes_needed()
@@ -306,14 +309,16 @@ def _plan_per_layer(problem: Problem, target: Target, budget: Budget) -> Solutio
 def per_layer_engine(pick: list[EngineDtype], gpu: str | None) -> dict:
     """A per-layer plan's settings: each layer's dtype, and as vLLM's one --kv-cache-dtype the one the plugin sets
     globally (the fp8 variant most layers take: vLLM's CPU metadata builder reads the global dtype); where the
-    quantized layers share one dtype, the rest are its skipped layers, so the plan also runs without the plugin."""
-    quantized = [d for d in pick if d.k_scheme != NONE]
-    counts = {f: sum(d.flag_value == f for d in quantized) for f in dict.fromkeys(d.flag_value for d in quantized)}
+    quantized layers share one of vLLM's dtypes, the rest are its skipped layers, so the plan also runs without the
+    plugin. A layer with K and V in their own formats has the plugin's backend and counts for neither."""
+    quantized = [d for d in pick if d.schemes != (NONE, NONE)]
+    own = [d for d in quantized if not is_pair(d.flag_value)]
+    counts = {f: sum(d.flag_value == f for d in own) for f in dict.fromkeys(d.flag_value for d in own)}
     main = max(counts, key=lambda f: (counts[f], f == "fp8_e4m3")) if counts else "auto"
-    one = next((d for d in quantized if d.flag_value == main), None)
-    expressible = len(counts) <= 1
+    one = next((d for d in own if d.flag_value == main), None)
+    expressible = len(counts) <= 1 and len(own) == len(quantized)
     return {"kv_cache_dtype": main, "k_scheme": one.k_scheme if one else NONE, "v_scheme": one.v_scheme if one else NONE,
-            "skip_layers": [i for i, d in enumerate(pick) if d.k_scheme == NONE] if expressible and one else [],
+            "skip_layers": [i for i, d in enumerate(pick) if d.schemes == (NONE, NONE)] if expressible and one else [],
             "vllm_gpu": gpu, "layer_dtypes": [d.flag_value for d in pick]}
 
 

@@ -55,6 +55,47 @@ Structure = Literal["free", "global_skip", "global", "global_kv", "per_layer"]
 # in the running engine on vLLM's CPU backend only; calibrated scales need a checkpoint kv_cache_scheme, which would
 # override the plan, so none are offered)
 PER_LAYER_DTYPES = {"cpu": ("auto", "fp8_e4m3", "fp8_e5m2")}
+# Keys and Values in their own formats, "k:<K>/v:<V>", served by the plugin's SENSPROF_KV backend (a pure-PyTorch
+# attention backend, checked on vLLM's CPU backend): K as the model dtype or fp8 (written as vLLM's CPU backend writes
+# fp8: unit scale, toward zero), V fp8 or KIVI values (int<b>_t<g>); the plugin stores exactly sensprof's codes
+PAIR_PLATFORMS = ("cpu",)
+PAIR_K = {"auto": "none", "fp8_e4m3": "fp8_e4m3_rtz", "fp8_e5m2": "fp8_e5m2_rtz"}
+PAIR_V = {"fp8_e4m3": "fp8_e4m3_rtz", "fp8_e5m2": "fp8_e5m2_rtz",
+          **{f"int{b}_t{g}": f"int{b}_t{g}" for b in (8, 6, 5, 4, 3, 2) for g in (32, 64, 128)}}
+
+
+def is_pair(flag: str) -> bool:
+    """A per-layer dtype that stores K and V in their own formats (the plugin's backend), not one of vLLM's."""
+    return flag.startswith("k:")
+
+
+def pair_dtypes(gpu: str, head_dims=None) -> tuple[EngineDtype, ...]:
+    """The (K, V) format pairs of the plugin's backend on `gpu` whose groups fit the model's head dims; a pair that
+    is one of vLLM's own dtypes (the same fp8 for both) is left to it."""
+    if gpu not in PAIR_PLATFORMS:
+        return ()
+
+    def fits(v: str) -> bool:
+        g = int(v.rpartition("_t")[2]) if v.startswith("int") else 0
+        return not g or all(h % min(g, h) == 0 for h in head_dims or ())
+
+    return tuple(EngineDtype(f"k:{k}/v:{v}", ks, vs) for k, ks in PAIR_K.items() for v, vs in PAIR_V.items()
+                 if k != v and fits(v))
+
+
+# the value formats a --target vllm profile for a pair platform measures besides vLLM's dtypes, so that `plan
+# --per-layer` can keep K (auto or fp8) beside KIVI values; the planner takes any other PAIR_V the profile holds
+PAIR_PROFILE_V = tuple(f"int{b}_t64" for b in (8, 6, 5, 4, 3, 2))
+
+
+def pair_profile_values(gpu: str, head_dims=None) -> tuple[str, ...]:
+    offered = {d.v_scheme for d in pair_dtypes(gpu, head_dims)}
+    return tuple(v for v in PAIR_PROFILE_V if v in offered)
+
+
+def per_layer_flags(gpu: str | None) -> tuple[str, ...]:
+    """Every per-layer dtype a plan for `gpu` may name: vLLM's own the plugin serves there, and the pairs."""
+    return PER_LAYER_DTYPES.get(gpu, ()) + tuple(d.flag_value for d in pair_dtypes(gpu))
 
 
 @dataclass(frozen=True)
@@ -154,8 +195,9 @@ def get_target(name: str, vllm_gpu: str | None = None, llamacpp_build: str | Non
             EngineDtype(spelled.get(d.flag_value, d.flag_value), d.k_scheme, d.v_scheme)
             for d in engine_dtypes(gpu, head_dims)
             if spelled.get(d.flag_value, d.flag_value) in PER_LAYER_DTYPES[gpu] and not d.needs_scales)
-        return dataclasses.replace(target, structure="per_layer", dtypes=dtypes, gpu=gpu,
-                                   description="each layer its own --kv-cache-dtype, through sensprof's vLLM plugin")
+        return dataclasses.replace(target, structure="per_layer", dtypes=dtypes + pair_dtypes(gpu, head_dims), gpu=gpu,
+                                   description="each layer its own KV dtype, or its K and V in their own formats, "
+                                               "through sensprof's vLLM plugin")
     if name == "llamacpp" and channel_order != "halves":
         target = dataclasses.replace(target, dtypes=llamacpp_types(channel_order), channel_order=channel_order)
     if llamacpp_build is not None:
@@ -183,6 +225,9 @@ def profile_menu(schemes: str | None, target: str | None, vllm_gpu: str | None, 
         both += get_target(target, vllm_gpu, head_dims=head_dims, channel_order=channel_order).schemes_needed()
     elif vllm_gpu is not None:
         raise SensprofError("--vllm-gpu needs --target vllm")
+    if target == "vllm" and not schemes:  # the values a per-layer plan may keep in the plugin's own formats
+        extra = pair_profile_values(check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU), head_dims)
+        v_schemes = ",".join(dict.fromkeys(filter(None, [*(v_schemes or "").split(","), *extra]))) or None
     menu = parse_menu(",".join(both) or None, k_schemes, v_schemes)
     if target == "sensprof" and (schemes or k_schemes or v_schemes):
         default = parse_menu()

@@ -93,8 +93,9 @@ def assignments(problem: Problem, target, num_skip=None):
         dts = [d for d in target.dtypes if d.k_scheme == NONE or (d.k_scheme in opts_k and d.v_scheme in opts_v)]
         for d in dict.fromkeys(dts):
             yield [d.schemes] * n
-    elif target.structure == "per_layer":
-        dts = [d for d in target.dtypes if d.k_scheme == NONE or (d.k_scheme in opts_k and d.v_scheme in opts_v)]
+    elif target.structure == "per_layer":  # a dtype whose every stored tensor was profiled
+        dts = [d for d in target.dtypes if all(s == NONE or s in opts for s, opts in ((d.k_scheme, opts_k),
+                                                                                      (d.v_scheme, opts_v)))]
         yield from ([d.schemes for d in c] for c in itertools.product(dts, repeat=n))
     else:
         ks = [d for d in target.dtypes if d.k_scheme == NONE or d.k_scheme in opts_k]
@@ -748,9 +749,40 @@ def test_per_layer_vllm_target_is_optimal(seed, kind):
                                                                                     kind))
         if sol is None:
             continue
-        names = {"none": "auto", "fp8_e4m3_rtz": "fp8_e4m3", "fp8_e5m2_rtz": "fp8_e5m2"}
-        assert list(sol.engine.layer_dtypes) == [names[k] for k, _ in sol.choices]
-        quantized = {d for d in sol.engine.layer_dtypes if d != "auto"}
-        assert sol.engine.kv_cache_dtype in (quantized or {"auto"})
-        if len(quantized) == 1:  # expressible without the plugin: the auto layers are the skipped ones
+        flags = {d.schemes: d.flag_value for d in VLLM_CPU_PER_LAYER.dtypes}
+        assert list(sol.engine.layer_dtypes) == [flags[c] for c in sol.choices]
+        own = {d for d in sol.engine.layer_dtypes if d != "auto" and not d.startswith("k:")}
+        assert sol.engine.kv_cache_dtype in (own or {"auto"})
+        if len(own) == 1 and not any(d.startswith("k:") for d in sol.engine.layer_dtypes):
+            # expressible without the plugin: the auto layers are the skipped ones
             assert list(sol.engine.skip_layers) == [i for i, d in enumerate(sol.engine.layer_dtypes) if d == "auto"]
+        else:
+            assert list(sol.engine.skip_layers) == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_per_layer_vllm_target_with_kv_pairs_is_optimal(seed):
+    """With KIVI values profiled, each layer may also keep K (auto or fp8) and V (int per-token groups) in their own
+    formats, served by the plugin's backend: still the brute force's best, and a pair is named k:<K>/v:<V>."""
+    rng = random.Random(3100 + seed)
+    problem = random_problem(rng, 3, ["fp8_e4m3_rtz"], ["fp8_e4m3_rtz", "int4_t64", "int2_t32"])
+    flags = {d.schemes: d.flag_value for d in VLLM_CPU_PER_LAYER.dtypes}
+    assert flags[("fp8_e4m3_rtz", "int4_t64")] == "k:fp8_e4m3/v:int4_t64" and flags[("none", "int2_t32")] == \
+        "k:auto/v:int2_t32"
+    seen = set()
+    for _ in range(3):
+        sol = check_against_brute_force(problem, VLLM_CPU_PER_LAYER, budget_between(rng, problem, VLLM_CPU_PER_LAYER,
+                                                                                    "avg_bits"))
+        if sol is not None:
+            assert list(sol.engine.layer_dtypes) == [flags[c] for c in sol.choices]
+            seen |= set(sol.engine.layer_dtypes)
+    assert any(d.startswith("k:") for d in seen)
+
+
+def test_per_layer_pairs_fit_the_head_dims():
+    """A pair whose value groups do not divide a head dim is not offered; a group wider than the head is the head."""
+    flags = {d.flag_value for d in get_target("vllm", "cpu", per_layer=True, head_dims=[48]).dtypes}
+    assert "k:auto/v:int4_t32" not in flags and {"k:auto/v:int4_t64", "k:auto/v:int4_t128"} <= flags
+    assert "k:fp8_e4m3/v:fp8_e5m2" in flags and "k:fp8_e4m3/v:fp8_e4m3" not in flags  # vLLM's own fp8 is that
+    flags = {d.flag_value for d in get_target("vllm", "cpu", per_layer=True, head_dims=[64]).dtypes}
+    assert {"k:auto/v:int4_t32", "k:auto/v:int4_t64", "k:fp8_e5m2/v:int3_t128"} <= flags

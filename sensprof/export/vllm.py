@@ -9,6 +9,7 @@ from ..errors import SensprofError
 from ..models import is_gguf
 from ..artifacts import Plan
 from ..plan import vllm_layers
+from ..targets import is_pair
 
 # --kv-cache-dtype-skip-layers: first released in vLLM 0.19.0 (engines/vllm/facts.py SKIP_FLAG_SINCE, read from
 # the released wheels)
@@ -205,7 +206,8 @@ def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[
     if plan.layer_dtypes:
         lines.append(f"# each layer its own KV dtype through sensprof's vLLM plugin: {PLUGIN_INSTALL}; it refuses "
                      "at start-up a model, vLLM or platform the plan was not made for")
-        if plan.engine.skip_layers or len(set(plan.layer_dtypes)) == 1:
+        if not any(is_pair(d) for d in plan.layer_dtypes) and (plan.engine.skip_layers
+                                                                or len(set(plan.layer_dtypes)) == 1):
             from dataclasses import replace
 
             plain = plan.replace(engine=replace(plan.engine, layer_dtypes=()))

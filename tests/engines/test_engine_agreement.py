@@ -18,7 +18,7 @@ import tempfile
 import pytest
 
 from sensprof.data import load_windows
-from sensprof.engine_checks import llamacpp_runs, vllm_cpu_mixed_run, vllm_cpu_runs
+from sensprof.engine_checks import llamacpp_runs, vllm_cpu_asym_run, vllm_cpu_mixed_run, vllm_cpu_runs
 from sensprof.engines.run.python import find_engine_python
 from sensprof.models import load_model
 from sensprof.profile import kv_absmax
@@ -65,9 +65,10 @@ def test_vllm_cpu_backend_agrees_with_the_emulation(smollm2, windows, absmax, tm
     engine = find_engine_python("vllm")
     if not cpu_has_fp8(engine):  # the one documented switch on the CPU (docs/engines.md)
         pytest.skip("vLLM's CPU backend stores an fp8 cache only on x86 with AVX-512 or AMX, which this CPU lacks")
-    # every dtype alone, with and without the fragile layers, and a per-layer mix served by sensprof's vLLM plugin
+    # every dtype alone, with and without the fragile layers, a per-layer mix served by sensprof's vLLM plugin, and
+    # a per-layer plan with Keys and Values in their own formats (the plugin's backend)
     runs = vllm_cpu_runs("smollm2-135m", smollm2.model, absmax, SKIP) + [
-        vllm_cpu_mixed_run("smollm2-135m", smollm2.model, SKIP)]
+        vllm_cpu_mixed_run("smollm2-135m", smollm2.model, SKIP), vllm_cpu_asym_run("smollm2-135m", smollm2.model, SKIP)]
     temp_before = set(os.listdir(tempfile.gettempdir()))
     eng = engine_measurements("vllm", engine, smollm2, windows, runs, str(tmp_path / "vllm.log"))
     left = {n for n in set(os.listdir(tempfile.gettempdir())) - temp_before if n.startswith(("vllm", "sensprof"))}
@@ -75,17 +76,19 @@ def test_vllm_cpu_backend_agrees_with_the_emulation(smollm2, windows, absmax, tm
     emu = emulated_damage(smollm2, windows, runs)
     rows = agreement_rows(engine, runs, windows, eng, emu)
     assert [r["config"] for r in rows] == [r.name for r in runs[1:]] == [
-        "fp8", "fp8 skip", "fp8 cal", "fp8 cal skip", "fp8_e5m2", "fp8_e5m2 skip", "per-layer mix"]
-    _check(rows)  # the per-layer mix was judged only after vLLM said it built every layer as planned
-    assert all(r["emulation_draws"] == VLLM_DRAWS and r["family"] == 7 for r in rows)
+        "fp8", "fp8 skip", "fp8 cal", "fp8 cal skip", "fp8_e5m2", "fp8_e5m2 skip", "per-layer mix", "per-layer K/V"]
+    _check(rows)  # the per-layer plans were judged only after vLLM said it built every layer as planned
+    assert all(r["emulation_draws"] == VLLM_DRAWS and r["family"] == 8 for r in rows)
     # vLLM's CPU baseline in float32 is sensprof's within float noise, so the per-token correlation was demanded
     assert all(r["corr_applies"] for r in rows)
     # skipping the fragile layers helps in the engine too
     by = {r["config"]: r for r in rows}
     assert by["fp8 skip"]["engine_kl"] < by["fp8"]["engine_kl"]
-    # the bounds still catch a real disagreement: emulated with the GPUs' round-to-nearest, every row fails
+    # the bounds still catch a real disagreement: emulated with the GPUs' round-to-nearest (the K/V plan: with its K
+    # and V formats exchanged), every row fails
     wrong_runs = vllm_cpu_runs("smollm2-135m", smollm2.model, absmax, SKIP, round_to_nearest=True) + [
-        vllm_cpu_mixed_run("smollm2-135m", smollm2.model, SKIP, round_to_nearest=True)]
+        vllm_cpu_mixed_run("smollm2-135m", smollm2.model, SKIP, round_to_nearest=True),
+        vllm_cpu_asym_run("smollm2-135m", smollm2.model, SKIP, swap=True)]
     wrong = agreement_rows(engine, wrong_runs, windows, eng, emulated_damage(smollm2, windows, wrong_runs))
     print("\n".join(f"round to nearest, {r['config']}: x{r['kl_ratio']:.2f} (bound {r['kl_bound']:.2f})" for r in wrong))
     assert not any(r["agrees"] for r in wrong)

@@ -54,11 +54,16 @@ def _take_capture(model):
 
 
 def _describe(model):
-    """What vLLM resolved per attention layer: its cache dtype, its scales and the attention ISA."""
+    """What vLLM resolved per attention layer: its cache dtype (for a layer on the sensprof plugin's SENSPROF_KV
+    backend, the K and V formats that backend class stores, "k:<K>/v:<V>"), backend, scales and attention ISA."""
     layers = []
     for name, mod in model.named_modules():
         if type(mod).__name__ == "Attention" and hasattr(mod, "kv_cache_dtype"):
-            layers.append({"name": name, "kv_cache_dtype": str(mod.kv_cache_dtype),
+            backend = mod.attn_backend
+            dtype = str(mod.kv_cache_dtype)
+            if backend.get_name() == "SENSPROF_KV":
+                dtype = f"k:{backend.key.name}/v:{backend.value.name}"
+            layers.append({"name": name, "kv_cache_dtype": dtype, "backend": backend.get_name(),
                            "k_scale": float(getattr(mod, "_k_scale_float", 1.0)),
                            "v_scale": float(getattr(mod, "_v_scale_float", 1.0)),
                            "isa": str(getattr(mod, "isa", ""))})
