@@ -19,15 +19,17 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "sensprof")
 # package of sensprof; a dotted entry (e.g. "engines.run") ranks a subpackage or module on its own (the longest
 # entry that a module's name starts with wins).
 LAYERS = [
-    ["errors", "constants"],
+    ["errors", "constants", "_aliases"],  # _aliases: the moved modules' old names (sensprof.planner, ...)
+    ["profiling", "planning", "validation"],  # the stage folders' __init__.py: docstrings only, they import nothing
     ["files", "specs", "gguf_files", "reaper"],  # reaper: what sensprof starts dies with it; gguf_files: a GGUF file parsed once (models and engines.llamacpp read it)
     ["engines"],  # what serving engines store: catalogs as data (no torch) and emulations; schemes.py asks them
-    ["", "schemes", "memory", "scheme_tables", "budget", "pricing", "rope", "rotation", "data", "quant", "screen",
-     "metrics"],
-    ["artifacts", "targets", "planner", "table", "models", "hub"],
-    ["hooks", "taps", "outputs", "suffix", "plan", "export"],
-    ["profile", "validate", "validate_engine", "engine_checks", "selection", "refine", "sweep", "summary", "runtime", "evaluate", "report"],
-    ["distributed"],  # sensprof profile --ray: runs sensprof.profile's cells on Ray workers
+    ["", "schemes", "memory", "scheme_tables", "planning.budget", "planning.pricing", "rope", "rotation", "data", "quant",
+     "profiling.screen", "metrics"],
+    ["artifacts", "targets", "planning.planner", "profiling.table", "models", "hub"],
+    ["profiling.hooks", "profiling.taps", "profiling.outputs", "profiling.suffix", "planning.plan", "export"],
+    ["profiling.profile", "validation.validate", "validation.validate_engine", "validation.engine_checks",
+     "planning.selection", "planning.refine", "planning.sweep", "summary", "runtime", "evaluate", "report"],
+    ["profiling.distributed"],  # sensprof profile --ray: runs sensprof.profiling.profile's cells on Ray workers
     ["api"],
     ["cli", "cli_args", "__main__"],
 ]

@@ -25,7 +25,7 @@ class _Stop(Exception):
 @contextlib.contextmanager
 def stop_after(model, layer: int):
     """Run a forward only up to decoder layer `layer`; its output lands in the yielded dict's "out"."""
-    from .models import decoder_layers
+    from ..models import decoder_layers
 
     box: dict = {}
 
@@ -96,7 +96,7 @@ def replay_suffix(model, session, layer: int, start: int, ids: torch.Tensor, lay
     """The final hidden states of positions start.. when decoder layer `layer` outputs `layer_output` and every
     earlier position is the baseline's. `hidden_fn(ids, position_ids)` runs the decoder."""
     from .hooks import replay_from
-    from .models import decoder_layers
+    from ..models import decoder_layers
 
     n = ids.shape[1]
     n_layers = len(decoder_layers(model))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .constants import GIB
-from .errors import SensprofError
-from .memory import MODEL_BITS, bits_held_per_element, bits_per_element, layer_cache_bits, tokens_held
-from .schemes import QuantScheme
+from ..constants import GIB
+from ..errors import SensprofError
+from ..memory import MODEL_BITS, bits_held_per_element, bits_per_element, layer_cache_bits, tokens_held
+from ..schemes import QuantScheme
 
 
 

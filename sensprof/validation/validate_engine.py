@@ -28,10 +28,10 @@ from statistics import NormalDist
 
 import torch
 
-from .artifacts import LayerPlan, Plan
-from .engines.run.process import run_job
-from .engines.run.python import EnginePython
-from .errors import SensprofError
+from ..artifacts import LayerPlan, Plan
+from ..engines.run.process import run_job
+from ..engines.run.python import EnginePython
+from ..errors import SensprofError
 
 # The agreement an engine is held to (issues 23, 36): KL within 15% of the emulation's, or within the KL ratio's own
 # noise where that is wider; mean ΔNLL within the noise of the paired per-token difference and of the numerics
@@ -114,8 +114,8 @@ def _engine_probe(engine: EnginePython, code: str) -> str:
 def vllm_run(plan: Plan, platform: str, name: str = "plan") -> EngineRun:
     """The plan as exported for vLLM (its baseline, VLLM_BASELINE, is `--kv-cache-dtype auto` from a checkpoint
     without KV scales); a plan for another platform or target is refused."""
-    from .engines.vllm import facts
-    from .engines.vllm.catalog import GPU_NAMES
+    from ..engines.vllm import facts
+    from ..engines.vllm.catalog import GPU_NAMES
 
     if plan.target != "vllm":
         raise SensprofError(f"--engine vllm runs vLLM plans; this plan is for {plan.target}: plan with --target vllm "
@@ -134,7 +134,7 @@ def vllm_run(plan: Plan, platform: str, name: str = "plan") -> EngineRun:
     settings = {"kv_cache_dtype": dtype, "skip_layers": list(plan.engine.skip_layers or []),
                 "scaled": bool(plan.engine.needs_scales)}
     if plan.layer_dtypes:  # served through sensprof's vLLM plugin, as exported
-        from .export.vllm import PLUGIN_KEY, plugin_plan
+        from ..export.vllm import PLUGIN_KEY, plugin_plan
 
         settings = {"kv_cache_dtype": dtype, "skip_layers": [], "scaled": False,
                     "additional_config": {PLUGIN_KEY: plugin_plan(plan)}}
@@ -152,7 +152,7 @@ def llamacpp_run(plan: Plan, name: str = "plan") -> EngineRun:
 
 def gguf_path(model_id: str) -> str:
     """The GGUF file llama.cpp loads for a plan's model; a model without one gets the conversion named."""
-    from .models import resolve_model
+    from ..models import resolve_model
 
     spec = resolve_model(model_id)
     if not spec.get("gguf_file"):
@@ -168,7 +168,7 @@ def gguf_path(model_id: str) -> str:
 def _write_checkpoints(model, tokenizer, runs: list[EngineRun], workdir: str) -> list[str]:
     """A float32 checkpoint of the measured weights, and beside it (sharing the weight files) one with a run's KV
     scales for each run whose plan was priced with them. Returns each run's directory."""
-    from .export.checkpoint import add_scales, write_checkpoint
+    from ..export.checkpoint import add_scales, write_checkpoint
 
     plain = os.path.join(workdir, "checkpoint")
     write_checkpoint(next(r.plan for r in runs if r.plan), model, tokenizer, plain, dtype=torch.float32, scales=False)
@@ -298,7 +298,7 @@ def engine_damage(engine: str, loaded, ids: torch.Tensor, runs: list[EngineRun],
             nll = torch.tensor(c["nll"], dtype=torch.float64)
             out[r.name] = TokenDamage(torch.tensor(c["kl"], dtype=torch.float64), nll - base, base, c["top1"])
         return out
-    from .outputs import Baseline, output_head
+    from ..profiling.outputs import Baseline, output_head
 
     head = output_head(loaded.model, ids)
     if head is None:
@@ -319,7 +319,7 @@ def emulated_damage(loaded, ids: torch.Tensor, runs: list[EngineRun], gguf: str 
     """sensprof's emulation of each run, averaged per token over `draws` draws of a machine's numerics: with
     `gguf`, llama.cpp's for that file (its matmuls' input rounding; default LLAMACPP_DRAWS), beside the float32
     model's; without, this machine's float32 (engines/draws.py; default VLLM_DRAWS, the first the model as it is)."""
-    from .engines.draws import float_numerics
+    from ..engines.draws import float_numerics
     from .validate import measure
 
     configs = {r.name: r.layers for r in runs if r.layers is not None}
@@ -327,7 +327,7 @@ def emulated_damage(loaded, ids: torch.Tensor, runs: list[EngineRun], gguf: str 
         numerics, plain = (lambda draw: float_numerics(loaded.model, draw)), None
         draws = draws or VLLM_DRAWS
     else:
-        from .engines.llamacpp.numerics import llamacpp_numerics
+        from ..engines.llamacpp.numerics import llamacpp_numerics
 
         numerics = (lambda draw: llamacpp_numerics(loaded.model, gguf, draw))
         plain = measure(loaded.model, ids, configs, per_token=True)
@@ -521,7 +521,7 @@ def validate_with_engine(engine: EnginePython, runs: list[EngineRun], loaded, id
                          log_path: str, family: int | None = None) -> list[dict]:
     """The runs check_engine_for_plan gave, on windows `ids`, refused first if they exceed the model's positions;
     judged as `family` rows at once (validate's lengths times its runs)."""
-    from .models import max_positions
+    from ..models import max_positions
 
     limit = max_positions(loaded.model)
     if limit is not None and ids.shape[1] + 1 > limit:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .errors import SensprofError
-from .files import safe_name
+from ..errors import SensprofError
+from ..files import safe_name
 from .plan import make_plan
 from .selection import check_select_args
 from .selection import select_measured as select_measured_plan
@@ -29,9 +29,9 @@ def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: s
     import pandas as pd
 
     from .budget import Budget
-    from .files import atomic_write_text, check_writable, output_lock
-    from .specs import parse_list
-    from .table import load_profile
+    from ..files import atomic_write_text, check_writable, output_lock
+    from ..specs import parse_list
+    from ..profiling.table import load_profile
 
     if uniform not in UNIFORM_CHOICES:
         raise SensprofError(f"--uniform {uniform!r} is not frontier, all or none")
@@ -58,7 +58,7 @@ def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: s
                 raise
             if select_measured:
                 if loaded is None:  # once, for every budget's selection
-                    from .models import load_for_plan
+                    from ..models import load_for_plan
 
                     loaded = load_for_plan(plan, **model_options)
                 log(f"--avg-bits {b:g}:")
@@ -91,10 +91,10 @@ def _validate_sweep(df, profile, plans, which, windows, seq_len, model_options, 
     """Measure each plan and the menu's uniform configurations on unseen windows, and compare (compare_with_uniform)."""
     import pandas as pd
 
-    from .files import atomic_write_text
-    from .models import load_for_plan
-    from .report.data import config_bits, config_bits_at, near_frontier, uniform_configs
-    from .validate import UNIFORM, layer_choices, measure, plan_reads, validation_windows
+    from ..files import atomic_write_text
+    from ..models import load_for_plan
+    from ..report.data import config_bits, config_bits_at, near_frontier, uniform_configs
+    from ..validation.validate import UNIFORM, layer_choices, measure, plan_reads, validation_windows
 
     template = plans[0][1]
     loaded = loaded or load_for_plan(template, **model_options)

@@ -15,8 +15,8 @@ import os
 import socket
 import time
 
-from .errors import SensprofError
-from .reaper import fate_share
+from ..errors import SensprofError
+from ..reaper import fate_share
 
 EXIT_HOOK = "SENSPROF_TEST_WORKER_EXIT"  # tests: the first worker to remove this file exits at its next shard
 CONNECT_TIMEOUT_S = 5.0
@@ -179,7 +179,7 @@ class Worker:
             import torch
             from transformers.utils import logging as hf_logging
 
-            from .models import describe_layers, load_model, max_positions
+            from ..models import describe_layers, load_model, max_positions
 
             if self.threads:
                 torch.set_num_threads(self.threads)
@@ -198,7 +198,7 @@ class Worker:
                 reads: str = "streaming") -> dict:
         """The baseline pass for one length: what the driver needs to write the profile and hand out shards."""
         def run():
-            from .data import text_windows
+            from ..data import text_windows
             from .hooks import attention_taps
             from .profile import baseline_cells, check_run, profile_settings, run_meta
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .errors import SensprofError
-from .artifacts import Plan
-from .schemes import get_scheme
+from ..errors import SensprofError
+from ..artifacts import Plan
+from ..schemes import get_scheme
 
 SELECT_SEED_OFFSET = 2  # the profile's windows use its seed, validate's seed + 1, these seed + 2
 UNIFORM_CANDIDATES = 3  # uniform configurations the priced profile predicts best (plus the richest one)
@@ -61,7 +61,7 @@ def select_or_explain(plan: Plan, profile_dir: str, budget, windows: int, seq_le
 
 def selection_windows(tokenizer, plan: Plan, windows: int, seq_len: int):
     """(ids, slots): windows of the profile's text that overlap no profiled window."""
-    from .data import SELECT_FLAGS, bos_prefix, overlapping_slots, select_windows
+    from ..data import SELECT_FLAGS, bos_prefix, overlapping_slots, select_windows
 
     settings = plan.profile.settings
     prefix = len(bos_prefix(tokenizer))
@@ -124,14 +124,14 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
                     model: str | None = None, loaded=None, text=None) -> Plan:
     """The final choice by measured KL on `windows` unseen windows of the profile's text (or of `text`, the
     user's: validate.read_user_text's (text, name))."""
-    from .data import bos_prefix
-    from .models import load_for_profile
+    from ..data import bos_prefix
+    from ..models import load_for_profile
     from .plan import make_plan, priced_table
     from .planner import problem_from_table
-    from .table import load_profile
-    from .targets import get_target
+    from ..profiling.table import load_profile
+    from ..targets import get_target
     from .pricing import priced_at
-    from .validate import layer_choices, measure, plan_reads, predicted_damage
+    from ..validation.validate import layer_choices, measure, plan_reads, predicted_damage
 
     check_select_args(windows, seq_len, plan.target)
     if windows < 1:
@@ -157,7 +157,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     if text is None:
         ids, slots = selection_windows(loaded.tokenizer, plan, windows, n)
     else:
-        from .validate import user_windows
+        from ..validation.validate import user_windows
 
         ids, slots = user_windows(plan, loaded.tokenizer, text, n, windows,
                                   meta["settings"]["seed"] + SELECT_SEED_OFFSET, "--select-text")
@@ -210,7 +210,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
               + SELECT_SEED_OFFSET, "window_slots": list(slots), "reads": reads, "candidates": rows,
               "chosen": best["name"], "uniform_won": bool(best["uniform"])}
     if text is not None:  # the user's text chose the plan: which, and that validate's windows need not avoid it
-        from .data import text_digest
+        from ..data import text_digest
 
         record |= {"text": text[1], "text_digest": text_digest(text[0])}
     if best["uniform"] and plan.target != "sensprof":
@@ -265,7 +265,7 @@ def _joint_factors(model, ids, layers, best: dict, profile, own: int, reads: str
     reads; one 2-window measurement at that length erred by up to 1.6x on Gemma). Empty where the profile lacks a
     cell."""
     from .pricing import priced_at
-    from .validate import measure, predicted_damage
+    from ..validation.validate import measure, predicted_damage
 
     out, windows = {}, {}
     if best["predicted_kl_here"] > 0:

@@ -9,15 +9,15 @@ import sys
 
 import torch
 
-from .errors import SensprofError
-from .hooks import attention_taps
-from .artifacts import LayerPlan, Plan
-from .plan import predicted_summary
-from .outputs import Baseline, MaterializedBaseline, output_head
-from .schemes import get_scheme
-from .taps import QuantTap
-from .table import summed_damage
-from .targets import get_target
+from ..errors import SensprofError
+from ..profiling.hooks import attention_taps
+from ..artifacts import LayerPlan, Plan
+from ..planning.plan import predicted_summary
+from ..profiling.outputs import Baseline, MaterializedBaseline, output_head
+from ..schemes import get_scheme
+from ..profiling.taps import QuantTap
+from ..profiling.table import summed_damage
+from ..targets import get_target
 
 # Uniform references every validation shows.
 UNIFORM = {
@@ -95,7 +95,7 @@ def predicted_damage(profile_table, layers: list[LayerPlan], objective_col: str 
 
 def plan_reads(plan: Plan) -> str:
     """How the plan's target reads its cache (sensprof.pricing): recorded in the plan, else the target's."""
-    from .pricing import target_reads
+    from ..planning.pricing import target_reads
 
     return (plan.predicted.pricing or {}).get("reads") or target_reads(plan.target)
 
@@ -106,7 +106,7 @@ def measure(model, input_ids: torch.Tensor, configs: dict[str, list[LayerPlan]],
     """Measured KL / ΔNLL / ΔPPL of each configuration with all its layers quantized at once, its cache read as
     `reads` says (streaming or all: sensprof.pricing); with per_token, each position's KL and ΔNLL too, and the
     baseline's NLL under "baseline"."""
-    from .models import describe_layers
+    from ..models import describe_layers
 
     n = len(describe_layers(model))
     results = {}
@@ -147,7 +147,7 @@ def validation_table(plan: Plan, measured: dict, configs: dict[str, list[LayerPl
     import pandas as pd
 
     if profile_table is not None and seq_len and profile_meta is not None:
-        from .pricing import priced_at
+        from ..planning.pricing import priced_at
 
         profile_table = priced_at(profile_table, profile_meta.get("reads", "streaming"),
                                   int(profile_meta["settings"]["seq_len"]), int(seq_len), profile_meta.get("layers"))
@@ -186,7 +186,7 @@ def format_table(df) -> str:
 def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int | None, text=None):
     """Windows from the profile's text that the profile did not use (nor `plan --select-measured`); with `text`
     (read_user_text's), windows of that text, refused where it holds any of the profile's windows."""
-    from .data import bos_prefix, overlapping_slots, text_windows
+    from ..data import bos_prefix, overlapping_slots, text_windows
 
     settings = plan.profile.settings
     seq = seq_len or settings["seq_len"]
@@ -211,7 +211,7 @@ def validation_windows(plan: Plan, tokenizer, windows: int | None, seq_len: int 
 
 def profile_text(plan: Plan) -> tuple[str, str]:
     """The text the plan's profile read, refused unless it is that text, unchanged (its digest)."""
-    from .data import load_text, text_digest
+    from ..data import load_text, text_digest
 
     files = list(plan.profile.text_files or [])
     gone = [f for f in files if not os.path.isfile(f)]
@@ -232,7 +232,7 @@ def read_user_text(profile_digest: str | None, files: list[str], flag: str = "--
                    chosen_digest: str | None = None) -> tuple[str, str]:
     """`validate --text`, `plan --select-text`: the user's files (plain text or JSONL), refused in one line when
     empty, binary, the profile's own text (`profile_digest`) or the text the plan was chosen on (`chosen_digest`)."""
-    from .data import load_text, text_digest
+    from ..data import load_text, text_digest
 
     text, name = load_text(files)
     digest = text_digest(text)
@@ -251,7 +251,7 @@ def read_user_text(profile_digest: str | None, files: list[str], flag: str = "--
 def user_windows(plan: Plan, tokenizer, text: tuple[str, str], seq_len: int, count: int, seed: int,
                  flag: str = "--text"):
     """(ids, slots): windows of the user's text (read_user_text's), refused where it holds any profiled window."""
-    from .data import PROFILE_FLAGS, SELECT_FLAGS, text_windows
+    from ..data import PROFILE_FLAGS, SELECT_FLAGS, text_windows
 
     _refuse_profile_overlap(plan, tokenizer, text[0], text[1], flag)
     ids, _, _, slots = text_windows(tokenizer, text[0], text[1], seq_len, count, seed,
@@ -265,7 +265,7 @@ OVERLAP = 32  # tokens in a row shared with a profile window that make a validat
 def _refuse_profile_overlap(plan: Plan, tokenizer, text: str, name: str, flag: str) -> None:
     """Refuse a text that holds OVERLAP tokens in a row of any window the profile measured: windows drawn from it
     could be the profiled ones."""
-    from .data import bos_prefix, text_windows, tokenize
+    from ..data import bos_prefix, text_windows, tokenize
 
     settings = plan.profile.settings
     prefix = len(bos_prefix(tokenizer))
@@ -296,7 +296,7 @@ def validate_plan(plan: Plan, loaded, windows=None, seq_len=None, progress=None,
 def plan_profile(plan: Plan, path: str):
     """The profile the plan was made from, at `path`, refused unless it is that profile: the model fingerprint and
     the settings the plan recorded (a plan copied beside another model's profile must not predict from it)."""
-    from .table import load_profile
+    from ..profiling.table import load_profile
 
     profile = load_profile(path)
     fp, settings = profile.meta["model"]["fingerprint"], profile.meta["settings"]
@@ -312,9 +312,9 @@ def plan_profile(plan: Plan, path: str):
 
 def validation_lengths(plan: Plan, spec, model) -> list[int]:
     """--seq-len for validate: a length or a list; default the profile's length and 4x it (within the model)."""
-    from .models import max_positions
+    from ..models import max_positions
 
-    from .data import parse_seq_lens
+    from ..data import parse_seq_lens
 
     own = int(plan.profile.settings["seq_len"])
     limit = max_positions(model)

@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from .errors import SensprofError
-from .metrics import kl_and_dnll, log_probs, token_nll
-from .models import text_config
+from ..errors import SensprofError
+from ..metrics import kl_and_dnll, log_probs, token_nll
+from ..models import text_config
 
 CHUNK_ELEMENTS = 1 << 24  # floats in one [positions, vocab] temporary (64 MiB)
 KEEP_LOGITS_BYTES = 2 << 30  # the baseline's fp32 logits are kept when they fit here, else recomputed per chunk

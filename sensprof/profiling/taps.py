@@ -8,11 +8,11 @@ from __future__ import annotations
 import torch
 
 from .hooks import plain_attention, query_blocks
-from .rope import apply_rope, undo_rope
-from .pricing import check_reads  # noqa: F401  (the profiler checks its --reads here)
-from .metrics import MomentStats, attention_kl_sum, squared_errors
-from .quant import fake_quant, quantize_query
-from .schemes import QuantScheme
+from ..rope import apply_rope, undo_rope
+from ..planning.pricing import check_reads  # noqa: F401  (the profiler checks its --reads here)
+from ..metrics import MomentStats, attention_kl_sum, squared_errors
+from ..quant import fake_quant, quantize_query
+from ..schemes import QuantScheme
 
 
 def full_precision_from(scheme: QuantScheme, n: int, device=None, reads: str = "streaming") -> torch.Tensor | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .models import model_eager
+from ..models import model_eager
 
 ATTN_NAME = "sensprof"
 _TAPS: dict[int, object] = {}  # id(attention module) -> tap
@@ -99,7 +99,7 @@ def _checked_sdpa(model, session):
     """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from .models import text_config
+    from ..models import text_config
 
     sdpa = ALL_ATTENTION_FUNCTIONS.get("sdpa")
     if sdpa is None or not getattr(type(model), "_supports_sdpa", False) or model.training:
@@ -138,7 +138,7 @@ def attention_taps(model, fast: bool = True):
 
     `fast`: untapped attention (and taps that read no weights) runs transformers' SDPA where a probe finds it
     equal to the model's eager attention."""
-    from .models import decoder_layers
+    from ..models import decoder_layers
 
     register()
     layers = decoder_layers(model)
@@ -187,7 +187,7 @@ def replay_from(model, start: int, layer_outputs: dict, repeat: int = 1):
 
     Layers before the perturbed one compute exactly the baseline, so recomputing them is waste.
     """
-    from .models import decoder_layers
+    from ..models import decoder_layers
 
     layers = decoder_layers(model)
     if start <= 0:
@@ -219,7 +219,7 @@ def replay_from(model, start: int, layer_outputs: dict, repeat: int = 1):
 
 @contextlib.contextmanager
 def record_layer_outputs(model, store: dict):
-    from .models import decoder_layers
+    from ..models import decoder_layers
 
     handles = []
     try:

@@ -11,12 +11,12 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-from .artifacts import EngineSettings, engine_settings
+from ..artifacts import EngineSettings, engine_settings
 from .budget import Budget
-from .table import OBJECTIVES
-from .errors import SensprofError
-from .schemes import get_scheme
-from .targets import EngineDtype, Target
+from ..profiling.table import OBJECTIVES
+from ..errors import SensprofError
+from ..schemes import get_scheme
+from ..targets import EngineDtype, Target
 
 NONE = "none"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .artifacts import LayerPlan, LlamacppSettings, Plan, VllmSettings, engine_settings
+from ..artifacts import LayerPlan, LlamacppSettings, Plan, VllmSettings, engine_settings
 from .validate_engine import LLAMACPP_BASELINE, LLAMACPP_FLOOR, VLLM_BASELINE, EngineRun, llamacpp_run, vllm_run
 
 # (name, --kv-cache-dtype, scheme, checkpoint scales)
@@ -20,7 +20,7 @@ LLAMACPP_PAIRS = (("q8_0", "q8_0"), ("q5_1", "q5_1"), ("q5_0", "q5_0"), ("q4_1",
 
 def uniform_plan(model_id: str, model, k: str, v: str, skip=(), absmax=None) -> Plan:
     """A hand-made plan: (k, v) on every layer but `skip`, with each layer's calibration from `absmax`."""
-    from .models import describe_layers, fingerprint
+    from ..models import describe_layers, fingerprint
 
     layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, "none" if i.index in skip else k,
                         "none" if i.index in skip else v, 0.0, 0.0, absmax[i.index] if absmax else {})
@@ -47,8 +47,8 @@ def vllm_cpu_mixed_run(model_id: str, model, skip=(), round_to_nearest: bool = F
     """A per-layer plan for sensprof's vLLM plugin mixing every dtype it serves on the CPU backend: `skip` layers
     auto, the rest fp8_e4m3 and fp8_e5m2 in turn (emulated with the CPU's rounding toward zero, or, as a wrong
     emulation, round to nearest)."""
-    from .planner import per_layer_engine
-    from .targets import get_target
+    from ..planning.planner import per_layer_engine
+    from ..targets import get_target
 
     by_flag = {d.flag_value: d for d in get_target("vllm", "cpu", per_layer=True).dtypes}
     base = uniform_plan(model_id, model, "none", "none")
@@ -68,7 +68,7 @@ def llamacpp_runs(model_id: str, model, pairs=LLAMACPP_PAIRS, swap: bool = False
     """llama.cpp's baseline and floor, then each -ctk/-ctv pair with the schemes the llamacpp target prices it with
     (keys in the GGUF's channel order). swap: each pair emulated with its K and V types exchanged (a wrong
     emulation; the run keeps the engine's name and settings)."""
-    from .engines.llamacpp.catalog import channel_order, key_scheme, value_scheme
+    from ..engines.llamacpp.catalog import channel_order, key_scheme, value_scheme
 
     order = channel_order(type(model).__name__)
     runs = [LLAMACPP_BASELINE, LLAMACPP_FLOOR]

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .errors import SensprofError
-from .files import (LOCK, atomic_write_bytes, atomic_write_text, check_artifact, check_no_symlinks, check_writable,
+from ..errors import SensprofError
+from ..files import (LOCK, atomic_write_bytes, atomic_write_text, check_artifact, check_no_symlinks, check_writable,
                     output_lock, read_json, safe_name, write_json)
-from .specs import compact_ranges
+from ..specs import compact_ranges
 
 FORMAT_VERSION = 1
 KIND = "sensprof-profile"
@@ -268,7 +268,7 @@ def _check_whole_line(path: str, where: str, fix: str) -> None:
 def expected_cells(meta: dict, layers) -> set[tuple[int, str, str]]:
     """The (layer, tensor, scheme) cells a profile of these settings holds for `layers`, as the profiler picks
     them: each tensor's menu, less schemes for the other tensor and pre-RoPE keys of layers without RoPE."""
-    from .schemes import get_scheme
+    from ..schemes import get_scheme
 
     settings, has_rope = meta["settings"], meta.get("has_rope") or []
     out = set()
@@ -358,7 +358,7 @@ def usable_cells(profile):
     """The profile's rows, less those a since-corrected emulation measured (schemes.REVISIONS), said once."""
     import sys
 
-    from .schemes import scheme_revision
+    from ..schemes import scheme_revision
 
     recorded = profile.meta.get("schemes", {})
     stale = sorted(n for n in set(profile.table.scheme)

@@ -33,8 +33,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from .errors import SensprofError
-from .schemes import get_scheme
+from ..errors import SensprofError
+from ..schemes import get_scheme
 
 READS = ("streaming", "all")
 TARGET_READS = {"sensprof": "streaming", "vllm": "all", "sglang": "all", "llamacpp": "all"}

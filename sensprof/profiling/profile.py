@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import __version__
-from .constants import GIB
-from .errors import SensprofError
-from .files import write_json
+from .. import __version__
+from ..constants import GIB
+from ..errors import SensprofError
+from ..files import write_json
 from .hooks import attention_taps, record_layer_outputs, replay_from
-from .memory import bits_per_element
-from .models import describe_layers, fingerprint, layer_infos_to_json
+from ..memory import bits_per_element
+from ..models import describe_layers, fingerprint, layer_infos_to_json
 from .outputs import Baseline, MaterializedBaseline, output_head
-from .schemes import Menu, QuantScheme, scheme_revision
+from ..schemes import Menu, QuantScheme, scheme_revision
 from .table import (
     CALIBRATION,
     FORMAT_VERSION,

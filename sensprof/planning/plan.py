@@ -6,12 +6,12 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from .artifacts import LayerPlan, Plan, Predicted, SolverRecord, engine_settings, now, predicted_summary, profile_ref
-from .constants import GIB
-from .errors import SensprofError
-from .engines.vllm import facts
-from .memory import bits_held_per_element, tokens_held
-from .schemes import get_scheme
+from ..artifacts import LayerPlan, Plan, Predicted, SolverRecord, engine_settings, now, predicted_summary, profile_ref
+from ..constants import GIB
+from ..errors import SensprofError
+from ..engines.vllm import facts
+from ..memory import bits_held_per_element, tokens_held
+from ..schemes import get_scheme
 
 PROFILE_KEYS = ("settings", "window_slots", "text_files", "text")  # what a plan keeps of its profile's meta.json
 
@@ -58,7 +58,7 @@ def build_plan(profile, solution, target: str, objective: str, budget, pricing=N
 
 
 def _damage(table, layer, tensor, scheme, objective) -> float:
-    from .table import OBJECTIVES
+    from ..profiling.table import OBJECTIVES
 
     t = table
     row = t[(t.layer == layer) & (t.tensor == tensor) & (t.scheme == scheme)]
@@ -69,7 +69,7 @@ def priced_table(profile, target: str, tgt, context_len: int | None):
     """(the profile's usable cells priced for the target's reads at the serving length, Pricing): sensprof.pricing."""
     from .pricing import price
     from .planner import runtime_format
-    from .table import length_profiles, usable_cells
+    from ..profiling.table import length_profiles, usable_cells
 
     table = usable_cells(profile)
     usable = ({s for s in table.scheme if runtime_format(s)} if tgt.structure == "free"
@@ -82,8 +82,8 @@ def priced_table(profile, target: str, tgt, context_len: int | None):
 def make_plan(profile_dir: str, target: str, budget, objective: str = "kl", num_skip=None, vllm_gpu=None,
               llamacpp_build=None, robust: float = 0.0, per_layer: bool = False) -> Plan:
     from .planner import plan, problem_from_table
-    from .table import load_profile
-    from .targets import get_target, llamacpp_channel_order
+    from ..profiling.table import load_profile
+    from ..targets import get_target, llamacpp_channel_order
 
     get_target(target, vllm_gpu, llamacpp_build, per_layer=per_layer)  # a bad option fails before the profile is read
     if per_layer and num_skip is not None:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .errors import SensprofError
-from .artifacts import Plan
+from ..errors import SensprofError
+from ..artifacts import Plan
 from .plan import build_plan, priced_table
-from .schemes import get_scheme
-from .screen import pareto_front
+from ..schemes import get_scheme
+from ..profiling.screen import pareto_front
 
 
 def _neighbours(problem, budget, layer: dict, i: int, tensor: str, chosen: str, options: list[str]) -> list[str]:
@@ -33,12 +33,12 @@ def _neighbours(problem, budget, layer: dict, i: int, tensor: str, chosen: str, 
 def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str = "auto", log=print,
                 dtype: str | None = None, device_map: str | None = None, trust_remote_code: bool = False,
                 model: str | None = None) -> Plan:
-    from .data import select_windows
-    from .models import load_for_profile
+    from ..data import select_windows
+    from ..models import load_for_profile
     from .planner import NONE, plan as solve, problem_from_table
-    from .table import load_profile
-    from .targets import get_target
-    from .validate import layer_choices, measure
+    from ..profiling.table import load_profile
+    from ..targets import get_target
+    from ..validation.validate import layer_choices, measure
 
     if plan.target != "sensprof":
         raise SensprofError(f"--refine re-plans per-layer choices; target {plan.target} chooses one dtype for all "
