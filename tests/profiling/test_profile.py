@@ -10,13 +10,13 @@ import pytest
 import torch
 from conftest import ARCHS, VOCAB, make_tiny_model
 
-import sensprof.profile as profile_mod
+import sensprof.profiling.profile as profile_mod
 from sensprof.errors import SensprofError
 from sensprof.memory import bits_per_element
 from sensprof.models import describe_layers
-from sensprof.profile import run_profile
+from sensprof.profiling.profile import run_profile
 from sensprof.schemes import parse_schemes
-from sensprof.table import HEAD_COLUMNS, STATS_COLUMNS, TABLE_COLUMNS
+from sensprof.profiling.table import HEAD_COLUMNS, STATS_COLUMNS, TABLE_COLUMNS
 
 SCHEMES = "int8_per_token_head,int2_t32,int4_c32,int4_c32_pre,int4_t32_r16,fp8_e4m3_cal,int2_t32_r64"
 EXPECTED_KINDS = {"llama": ["full"] * 3, "mistral": ["sliding"] * 3, "qwen2": ["full"] * 3, "qwen3": ["full"] * 3,
@@ -243,7 +243,7 @@ def test_python_api_profile(tiny_tokenizer, tmp_path):
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3"])
 def test_long_windows_attend_a_block_of_queries_at_a_time(monkeypatch, arch):
     """Blocks of queries (so that long windows never hold [T, T] weights for every query) give the same table."""
-    import sensprof.hooks as hooks
+    import sensprof.profiling.hooks as hooks
 
     model = make_tiny_model(arch)
     schemes = parse_schemes("int2_t32,int4_c32_pre_r8,int8_per_token_head" if arch == "qwen3" else "int2_t32,int4_c32_s4")
@@ -256,7 +256,7 @@ def test_long_windows_attend_a_block_of_queries_at_a_time(monkeypatch, arch):
 
 def test_kv_absmax_is_the_calibration_the_profile_records(arch_run):
     """The checks that calibrate on windows of their own (the engine tests) use what a profile would record."""
-    from sensprof.profile import kv_absmax
+    from sensprof.profiling.profile import kv_absmax
 
     _, model, _, prof = arch_run
     mine = kv_absmax(model, _ids())

@@ -1,4 +1,4 @@
-"""`plan --select-measured N` (sensprof.selection) on a tiny random model: the final plan is the candidate with the
+"""`plan --select-measured N` (sensprof.planning.selection) on a tiny random model: the final plan is the candidate with the
 lowest measured KL on windows neither the profile nor validate uses; a uniform configuration that wins is the plan."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from conftest import one_error_line, run_cli
 from sensprof.artifacts import load_plan
 from sensprof.cli import main
 from sensprof.models import load_model
-from sensprof.pricing import priced_at
+from sensprof.planning.pricing import priced_at
 from sensprof.data import bos_prefix
-from sensprof.selection import selection_windows, short_chunks
-from sensprof.table import load_profile
-from sensprof.validate import layer_choices, measure, predicted_damage, validation_table, validation_windows
+from sensprof.planning.selection import selection_windows, short_chunks
+from sensprof.profiling.table import load_profile
+from sensprof.validation.validate import layer_choices, measure, predicted_damage, validation_table, validation_windows
 
 K = "int2_c32,int4_c32,int8_c32"
 V = "int2_t32,int4_t32,int8_t32"
@@ -293,7 +293,7 @@ def test_selection_on_the_users_own_text(sel, capsys, tmp_path):
     line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "0",
                                    "--select-text", mine))
     assert "--select-text is the text --select-measured chooses on, and --select-measured is 0" in line
-    from sensprof.table import load_meta
+    from sensprof.profiling.table import load_meta
     from sensprof.data import builtin_corpus as corpus, text_digest
 
     assert load_meta(sel.profile)["settings"]["text_digest"] == text_digest(corpus())  # profiled on the built-in text
@@ -315,7 +315,7 @@ def test_selection_beyond_the_served_context_is_refused(sel, capsys):
 def test_a_dnll_candidate_that_wins_states_its_prediction_in_kl(sel, capsys, tmp_path, monkeypatch):
     """When the other-objective (dNLL) plan measures best, the plan's printed prediction is its KL sum (the joint
     factor is quoted against it), not a dNLL sum shown as 'pred KL nan'."""
-    import sensprof.validate as validate
+    import sensprof.validation.validate as validate
 
     real = validate.measure
 

@@ -1,4 +1,4 @@
-"""Damage priced for the reads a plan will get (sensprof.pricing): the profiler's two read regimes on tiny random
+"""Damage priced for the reads a plan will get (sensprof.planning.pricing): the profiler's two read regimes on tiny random
 models, the scale from a profile's window to the serving length, and the planner's refusals."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import pytest
 import torch
 from conftest import VOCAB, make_tiny_model, one_error_line, run_cli
 
-from sensprof.budget import Budget
+from sensprof.planning.budget import Budget
 from sensprof.errors import SensprofError
-from sensprof.plan import make_plan
-from sensprof.pricing import (DEFAULT_CONTEXT_LEN, moved_share, needed_len, price, priced_at, scale, serving_context,
+from sensprof.planning.plan import make_plan
+from sensprof.planning.pricing import (DEFAULT_CONTEXT_LEN, moved_share, needed_len, price, priced_at, scale, serving_context,
                               slid_layers, without_sinks)
-from sensprof.profile import run_profile
+from sensprof.profiling.profile import run_profile
 from sensprof.schemes import get_scheme, parse_schemes
-from sensprof.taps import first_quantized_row, quantized_reads
-from sensprof.table import load_profile
+from sensprof.profiling.taps import first_quantized_row, quantized_reads
+from sensprof.profiling.table import load_profile
 
 # ------------------------------------------------------------------ the profiler's reads
 

@@ -1,4 +1,4 @@
-"""sensprof.taps: which keys a streaming cache still holds in full precision, and mixed attention."""
+"""sensprof.profiling.taps: which keys a streaming cache still holds in full precision, and mixed attention."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sensprof.models import model_eager
 from sensprof.models import decoder_layers
 from sensprof.quant import fake_quant
 from sensprof.schemes import get_scheme
-from sensprof.taps import full_precision_from, mixed_attention
+from sensprof.profiling.taps import full_precision_from, mixed_attention
 
 # ---------------------------------------------------------------- full_precision_from
 
@@ -184,9 +184,9 @@ def test_decode_step_reads_as_the_last_position():
     """One query over a cache of n keys (a decode step) is the last row of the full prefill's attention."""
     import torch
 
-    from sensprof.hooks import attention_taps
+    from sensprof.profiling.hooks import attention_taps
     from sensprof.schemes import get_scheme
-    from sensprof.taps import QuantTap
+    from sensprof.profiling.taps import QuantTap
     from conftest import make_tiny_model
 
     model = make_tiny_model("llama")

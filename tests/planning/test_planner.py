@@ -13,10 +13,10 @@ import re
 import pandas as pd
 import pytest
 
-from sensprof.budget import GIB, Budget, budget_from_args
+from sensprof.planning.budget import GIB, Budget, budget_from_args
 from sensprof.errors import SensprofError
 from sensprof.memory import MODEL_BITS, bits_per_element, layer_cache_bits
-from sensprof.planner import NONE, Problem, plan, problem_from_table
+from sensprof.planning.planner import NONE, Problem, plan, problem_from_table
 from sensprof.schemes import get_scheme
 from sensprof.targets import TARGETS, engine_dtype_for, get_target
 

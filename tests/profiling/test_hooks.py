@@ -1,4 +1,4 @@
-"""sensprof.hooks: the attention_taps context manager and replay_from."""
+"""sensprof.profiling.hooks: the attention_taps context manager and replay_from."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 from conftest import ARCHS, make_tiny_model
 
-from sensprof import hooks
-from sensprof.hooks import attention_taps, record_layer_outputs, replay_from
+from sensprof.profiling import hooks
+from sensprof.profiling.hooks import attention_taps, record_layer_outputs, replay_from
 from sensprof.models import decoder_layers
 from sensprof.rope import apply_rope
-from sensprof.taps import StatsTap
+from sensprof.profiling.taps import StatsTap
 
 
 def _n_pre_hooks(model):

@@ -13,12 +13,12 @@ import pytest
 import torch
 from conftest import VOCAB, make_tiny_model, tiny_config
 
-import sensprof.profile as profile_mod
+import sensprof.profiling.profile as profile_mod
 from sensprof.errors import SensprofError
-from sensprof.profile import run_profile
+from sensprof.profiling.profile import run_profile
 from sensprof.schemes import parse_schemes
 from sensprof.specs import parse_layers
-from sensprof.table import load_profile, merge_profiles
+from sensprof.profiling.table import load_profile, merge_profiles
 
 SCHEMES = "int4_c32,int2_t32,int4_t32_r16,int2_c32_pre"
 TABLES = ("profile.csv", "heads.csv", "stats.csv", "calibration.json")
@@ -139,7 +139,7 @@ def _profile_args(model_dir, out):
 # meta.json catch up, the worst moment for a kill) and says so, so the test kills it there every time.
 STOP_AFTER_PART = """
 import os, sys, time
-import sensprof.profile as profile
+import sensprof.profiling.profile as profile
 real = profile.write_json
 stop = "layer_%04d.json" % int(os.environ["STOP_AFTER_LAYER"])
 
@@ -491,8 +491,8 @@ def test_second_profile_into_a_folder_being_written_is_refused(monkeypatch, caps
 def test_second_merge_sweep_report_into_a_folder_being_written_is_refused(monkeypatch, capsys, tiny_model_dir,
                                                                          tmp_path, command):
     import sensprof.report as report_mod
-    import sensprof.sweep as sweep_mod
-    import sensprof.table as table_mod
+    import sensprof.planning.sweep as sweep_mod
+    import sensprof.profiling.table as table_mod
     from sensprof.cli import main
 
     a, b = str(tmp_path / "a"), str(tmp_path / "b")

@@ -10,9 +10,9 @@ import torch
 from conftest import VOCAB, make_tiny_model
 
 from sensprof.errors import SensprofError
-from sensprof.profile import run_profile
+from sensprof.profiling.profile import run_profile
 from sensprof.schemes import Menu, parse_schemes
-from sensprof.screen import anchors, fill_rows, fit_line, lower_hull, predict, to_measure
+from sensprof.profiling.screen import anchors, fill_rows, fit_line, lower_hull, predict, to_measure
 
 
 def test_anchors_span_the_local_error():
@@ -110,7 +110,7 @@ def test_summary_says_the_profile_was_screened(exact_and_screened):
 
 def test_cli_screen_writes_a_screened_profile_and_resumes(tiny_model_dir, tmp_path, capsys):
     from sensprof.cli import main
-    from sensprof.table import load_profile
+    from sensprof.profiling.table import load_profile
 
     out = tmp_path / "p"
     argv = ["profile", "--model", tiny_model_dir, "--device", "cpu", "--seq-len", "32", "--windows", "2",
@@ -137,7 +137,7 @@ def test_a_table_written_before_screening_loads_as_measured(tmp_path, exact_and_
 
     from sensprof.files import write_json
 
-    from sensprof.table import TABLE, load_profile
+    from sensprof.profiling.table import TABLE, load_profile
 
     _, screened = exact_and_screened
     d = tmp_path / "old"

@@ -15,14 +15,14 @@ from conftest import VOCAB, make_tiny_model, one_error_line, run_cli
 
 from sensprof.data import select_windows
 from sensprof.cli import main
-from sensprof.validate import validation_windows
+from sensprof.validation.validate import validation_windows
 from sensprof.data import bos_prefix, builtin_corpus, tokenize
 from sensprof.errors import SensprofError
 from sensprof.models import describe_layers
 from sensprof.artifacts import LayerPlan, load_plan
-from sensprof.profile import run_profile
+from sensprof.profiling.profile import run_profile
 from sensprof.schemes import parse_schemes
-from sensprof.validate import (
+from sensprof.validation.validate import (
     UNIFORM,
     layer_choices,
     measure,
@@ -155,10 +155,10 @@ def test_validate_cli_writes_the_table(cli_run, capsys):
     assert row.memory_vs_plan == "plan"
     assert row.avg_bits == pytest.approx(plan.predicted.avg_bits)
     assert row.avg_bits <= 6 + 1e-9
-    # predicted for the plan's reads at each validation length (sensprof.pricing): at the profile's own length the
+    # predicted for the plan's reads at each validation length (sensprof.planning.pricing): at the profile's own length the
     # measured per-layer sum, at 4x it the sum scaled to the share of positions that read quantized tokens there
-    from sensprof.pricing import priced_at
-    from sensprof.table import load_profile
+    from sensprof.planning.pricing import priced_at
+    from sensprof.profiling.table import load_profile
 
     table = load_profile(cli_run.profile).table
     assert row.predicted_kl == pytest.approx(predicted_damage(table, plan.layers), rel=1e-9)
@@ -375,9 +375,9 @@ def test_reference_configs_of_a_llamacpp_plan(cli_run):
 
 
 def test_validation_table_predictions(cli_run):
-    from sensprof.table import load_profile
+    from sensprof.profiling.table import load_profile
 
-    from sensprof.pricing import priced_at
+    from sensprof.planning.pricing import priced_at
 
     plan = load_plan(cli_run.plan)
     table = load_profile(cli_run.profile).table
@@ -421,7 +421,7 @@ def test_sweep_refuses_a_malformed_budget_list(cli_run, capsys):
 
 
 def test_advantage_that_vanishes_at_length_is_flagged():
-    from sensprof.validate import advantage_note
+    from sensprof.validation.validate import advantage_note
 
     def table(plan_kl_short, plan_kl_long):
         rows = []

@@ -1,10 +1,10 @@
-"""The engine checks' configurations (sensprof/engine_checks.py): what each runs in the engine and what the
+"""The engine checks' configurations (sensprof/validation/engine_checks.py): what each runs in the engine and what the
 emulation is given, the deliberately wrong emulations included."""
 
 from __future__ import annotations
 
 from conftest import make_tiny_model
-from sensprof.engine_checks import LLAMACPP_PAIRS, llamacpp_runs, uniform_plan, vllm_cpu_runs
+from sensprof.validation.engine_checks import LLAMACPP_PAIRS, llamacpp_runs, uniform_plan, vllm_cpu_runs
 from sensprof.models import describe_layers
 
 

@@ -18,7 +18,7 @@ from sensprof.engines.run.process import last_error, run_job
 from sensprof.engines.run.python import find_engine_python
 from sensprof.errors import SensprofError
 from sensprof.models import fingerprint
-from sensprof.validate_engine import (FALSE_ALARM, TokenDamage, agreement, family_z, gguf_path, llamacpp_run,
+from sensprof.validation.validate_engine import (FALSE_ALARM, TokenDamage, agreement, family_z, gguf_path, llamacpp_run,
                                       vllm_run)
 from test_evaluate import _plan
 
@@ -123,7 +123,7 @@ def test_agreement_with_draws_of_the_engines_numerics():
 def test_llamacpp_runs_include_the_engines_floor(model, monkeypatch):
     """A llama.cpp plan runs beside the baseline and the floor: the f32 cache through the one-chunk attention every
     quantized cache takes (a ubatch below ggml-cpu's 64-row tile)."""
-    from sensprof import validate_engine as ve
+    from sensprof.validation import validate_engine as ve
 
     monkeypatch.setattr(ve, "gguf_path", lambda model_id: "model.gguf")
     plan = _plan(model, [("q8_0", "q4_0")] * 2).replace(target="llamacpp", engine=LlamacppSettings(
@@ -221,7 +221,7 @@ def test_the_engines_temporary_files_go_in_the_work_folder(tmp_path):
 def test_engine_table_shows_the_ratio_with_its_noise():
     import pandas as pd
 
-    from sensprof.validate_engine import format_engine_table
+    from sensprof.validation.validate_engine import format_engine_table
 
     g = torch.Generator().manual_seed(2)
     d = torch.rand(2, 400, generator=g, dtype=torch.float64) * 0.01
@@ -326,7 +326,7 @@ def test_an_fp8_plan_on_a_cpu_without_avx512_is_refused_by_a_documented_switch(m
     """The one place the engine checks depend on the CPU: vLLM's CPU backend stores fp8 only with AVX-512 or AMX;
     without, validate refuses in one line (and the engine tests skip with the same reason)."""
     from sensprof.engines.run.python import EnginePython
-    from sensprof.validate_engine import check_engine_for_plan, cpu_has_fp8
+    from sensprof.validation.validate_engine import check_engine_for_plan, cpu_has_fp8
 
     def fake(avx512: int):
         py = tmp_path / f"python-{avx512}"
@@ -356,7 +356,7 @@ def _fake_engine(tmp_path, body: str):
     ("json.dump({'configs': {}}, open(job['out'], 'w'))", "lacks the figures of 'engine baseline'"),
 ])
 def test_an_engine_output_that_is_missing_or_garbage_is_one_line(tmp_path, body, message):
-    from sensprof.validate_engine import LLAMACPP_BASELINE, run_llamacpp
+    from sensprof.validation.validate_engine import LLAMACPP_BASELINE, run_llamacpp
 
     work = tmp_path / "work"
     work.mkdir()
@@ -372,7 +372,7 @@ class _Payload:
 
 def test_an_engine_output_can_never_run_code(tmp_path, monkeypatch):
     """vLLM's output is a torch file: read with weights_only, a pickle that would run code is refused unrun."""
-    from sensprof.validate_engine import read_engine_output
+    from sensprof.validation.validate_engine import read_engine_output
 
     marker = tmp_path / "ran"
     monkeypatch.setenv("SENSPROF_TEST_MARKER", str(marker))
@@ -403,8 +403,8 @@ def test_a_per_layer_plan_is_judged_only_as_vllm_built_it(model):
     """validate --engine vllm of a per-layer plan passes it to sensprof's plugin (--additional-config) and refuses
     to judge it unless vLLM's own per-layer state says every layer got the plan's dtype (a vLLM without the plugin
     builds every layer with the global dtype)."""
-    from sensprof.engine_checks import vllm_cpu_mixed_run
-    from sensprof.validate_engine import check_served_dtypes
+    from sensprof.validation.engine_checks import vllm_cpu_mixed_run
+    from sensprof.validation.validate_engine import check_served_dtypes
 
     run = vllm_cpu_mixed_run("tiny", model, skip=(1,))
     assert run.settings["additional_config"]["sensprof_plan"]["layers"] == ["fp8_e4m3", "auto", "fp8_e4m3"]

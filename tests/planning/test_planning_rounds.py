@@ -17,7 +17,7 @@ from conftest import one_error_line, run_cli
 from sensprof.cli import main
 from sensprof.errors import SensprofError
 from sensprof.schemes import DEFAULT_K_SCHEMES, DEFAULT_V_SCHEMES
-from sensprof.table import load_profile
+from sensprof.profiling.table import load_profile
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_default_menus_are_profiled_per_tensor(menu_run):
 
 def test_several_lengths(menu_run, capsys):
     prof = load_profile(menu_run.profile)
-    # 128 tokens: the default menu's 128-token key groups need one whole group to be priced (sensprof.pricing)
+    # 128 tokens: the default menu's 128-token key groups need one whole group to be priced (sensprof.planning.pricing)
     assert prof.meta["settings"]["seq_len"] == 128 and prof.meta["lengths"] == [64, 128]
     short = load_profile(os.path.join(menu_run.profile, "lengths", "64"))
     assert short.meta["settings"]["seq_len"] == 64 and len(short.table) == len(prof.table)
@@ -204,7 +204,7 @@ def test_refine_rounds_are_recorded_and_never_worse(menu_run, tmp_path, capsys):
     assert plan["predicted"]["avg_bits"] <= 4 + 1e-9
     from sensprof.artifacts import load_plan
     from sensprof.models import load_for_plan
-    from sensprof.validate import measure
+    from sensprof.validation.validate import measure
     from sensprof.data import select_windows
 
     p = load_plan(str(out))
@@ -239,8 +239,8 @@ def test_refine_bad_input(menu_run, capsys, tmp_path):
 
 
 def test_robust_objective_prefers_the_steadier_scheme():
-    from sensprof.budget import Budget
-    from sensprof.planner import plan, problem_from_table
+    from sensprof.planning.budget import Budget
+    from sensprof.planning.planner import plan, problem_from_table
     from sensprof.targets import get_target
 
     layers = [{"index": 0, "kind": "full", "window": None, "kv_heads": 1, "q_heads": 1, "head_dim": 64}]
@@ -279,9 +279,9 @@ def test_profile_menu_bad_input(menu_run, capsys, tmp_path, argv, match):
 
 
 def test_trust_region_bounds_the_changed_choices(menu_run):
-    from sensprof.budget import Budget
-    from sensprof.table import usable_cells
-    from sensprof.planner import plan, problem_from_table
+    from sensprof.planning.budget import Budget
+    from sensprof.profiling.table import usable_cells
+    from sensprof.planning.planner import plan, problem_from_table
     from sensprof.targets import get_target
 
     prof = load_profile(menu_run.profile)
@@ -301,10 +301,10 @@ def test_trust_region_bounds_the_changed_choices(menu_run):
 
 def test_a_profile_of_two_lengths_measures_its_extrapolation(menu_run):
     """The plan's pricing extrapolates from 128 tokens to the serving length; the profile's 64-token length measures
-    how well the same rule carries 64 tokens to 128 (sensprof.pricing.extrapolation_error)."""
-    from sensprof.budget import Budget
-    from sensprof.plan import make_plan
-    from sensprof.pricing import scale
+    how well the same rule carries 64 tokens to 128 (sensprof.planning.pricing.extrapolation_error)."""
+    from sensprof.planning.budget import Budget
+    from sensprof.planning.plan import make_plan
+    from sensprof.planning.pricing import scale
 
     plan = make_plan(menu_run.profile, "sensprof", Budget("avg_bits", 6))
     err = plan.predicted.pricing["extrapolation_error"]

@@ -1,4 +1,4 @@
-"""Next-token comparison in vocabulary chunks (sensprof/outputs.py) against the plain materialised KL."""
+"""Next-token comparison in vocabulary chunks (sensprof/profiling/outputs.py) against the plain materialised KL."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 from conftest import VOCAB, make_tiny_model
 
-import sensprof.outputs as outputs
+import sensprof.profiling.outputs as outputs
 from sensprof.errors import SensprofError
-from sensprof.outputs import Baseline, MaterializedBaseline, OutputHead, output_head
-from sensprof.profile import run_profile
+from sensprof.profiling.outputs import Baseline, MaterializedBaseline, OutputHead, output_head
+from sensprof.profiling.profile import run_profile
 from sensprof.schemes import parse_schemes
 
 

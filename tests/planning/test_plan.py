@@ -12,17 +12,17 @@ import pytest
 import torch
 from conftest import VOCAB, make_tiny_model
 
-from sensprof.budget import Budget
-from sensprof.plan import make_plan
+from sensprof.planning.budget import Budget
+from sensprof.planning.plan import make_plan
 from sensprof.errors import SensprofError
 from sensprof.memory import MODEL_BITS, bits_per_element
 from sensprof.artifacts import PLAN_FORMAT_VERSION, PLAN_KIND, EngineSettings, Plan, load_plan
 from sensprof.constants import FP8_E4M3_MAX
-from sensprof.plan import predicted_summary
-from sensprof.table import OBJECTIVES
-from sensprof.profile import run_profile
+from sensprof.planning.plan import predicted_summary
+from sensprof.profiling.table import OBJECTIVES
+from sensprof.profiling.profile import run_profile
 from sensprof.schemes import get_scheme, parse_schemes
-from sensprof.table import load_profile
+from sensprof.profiling.table import load_profile
 from sensprof.targets import engine_dtype_for, get_target
 
 SCHEMES = ("fp8_e4m3,fp8_e4m3_cal,int8_per_token_head,int4_per_token_head,q8_0,q4_0,q4_1,"
@@ -83,7 +83,7 @@ def test_plan_records_the_profile_and_solution(plans, profile, target):
                 assert dmg == 0.0
             else:
                 row = table[(table.layer == p.layer) & (table.tensor == tensor) & (table.scheme == scheme)]
-                # the measured KL priced for the target's reads at the serving length (sensprof.pricing)
+                # the measured KL priced for the target's reads at the serving length (sensprof.planning.pricing)
                 scale = plan.predicted.pricing["scales"].get(scheme, 1.0)
                 assert dmg == pytest.approx(float(row.kl.iloc[0]) * scale, rel=1e-12)
     assert plan.predicted.damage == pytest.approx(sum(p.k_damage + p.v_damage for p in plan.layers), rel=1e-9)
@@ -196,7 +196,7 @@ def test_describe_and_default_path(plans):
 
 def test_plan_at_a_context_length(profile_dir, tmp_path):
     """Priced at 80 tokens, the residual windows and incomplete groups an 80-token cache holds are paid for."""
-    from sensprof.plan import held_avg_bits
+    from sensprof.planning.plan import held_avg_bits
 
     plan = make_plan(profile_dir, "sensprof", Budget("avg_bits", 6, context_len=80))
     p = plan.predicted
@@ -324,7 +324,7 @@ def test_every_example_plan_loads_and_reads():
     to the plan's fields that old files cannot satisfy fails here."""
     import glob
 
-    root = os.path.join(os.path.dirname(__file__), "..")
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
     paths = sorted(glob.glob(os.path.join(root, "plans", "*.json"))
                    + glob.glob(os.path.join(root, "benchmarks", "results", "*", "*.json")))
     assert len(paths) >= 10
@@ -345,7 +345,7 @@ def test_predicted_advantage_benchmark_never_finds_a_uniform_the_planner_missed(
 
     import pandas as pd
 
-    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "predicted_advantage.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "predicted_advantage.py")
     out = tmp_path / "advantage.csv"
     run = subprocess.run([sys.executable, script, profile_dir, "--avg-bits", "3,5,6", "--length", "256",
                           "--context-len", "256", "--out", str(out)], capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""sensprof.suffix and first_quantized_row: cells replay only the positions a quantized read can reach."""
+"""sensprof.profiling.suffix and first_quantized_row: cells replay only the positions a quantized read can reach."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import pytest
 import torch
 from conftest import ARCHS, VOCAB, make_tiny_model
 
-import sensprof.profile as profile_mod
-import sensprof.suffix as suffix_mod
+import sensprof.profiling.profile as profile_mod
+import sensprof.profiling.suffix as suffix_mod
 from sensprof.models import decoder_layers
-from sensprof.profile import run_profile
+from sensprof.profiling.profile import run_profile
 from sensprof.schemes import get_scheme, parse_schemes
-from sensprof.taps import first_quantized_row, quantized_reads
+from sensprof.profiling.taps import first_quantized_row, quantized_reads
 
 N = 64
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import one_error_line, run_cli
 
 from sensprof import api
-from sensprof.distributed import EXIT_HOOK, shard_order
+from sensprof.profiling.distributed import EXIT_HOOK, shard_order
 from sensprof.errors import SensprofError
 
 SCHEMES = "int4_c32,int2_t32,int4_t32_r16,int2_c32_pre"
@@ -264,7 +264,7 @@ RAY_DRIVER = """
 import os, sys, time
 import psutil
 import ray
-import sensprof.distributed as d
+import sensprof.profiling.distributed as d
 
 def profile(self, *a, **k):
     node = ray._private.worker._global_node
