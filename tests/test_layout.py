@@ -136,6 +136,14 @@ def test_imports_go_down_the_layers(module):
             f"at line {line}")
 
 
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_every_import_names_a_module_that_is_there(module):
+    """A relative import written for another folder (`from .errors import` in planning/) names no module: caught
+    here for function-level imports too, which importing the module would not run."""
+    for target, _, line in _imports(module):
+        assert target in MODULES, f"sensprof.{module} imports sensprof.{target} at line {line}, which is no module"
+
+
 def test_no_import_circles():
     """No module reaches itself through its imports, whatever the layers say."""
     circles = _cycles(GRAPH)
