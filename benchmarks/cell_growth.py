@@ -7,7 +7,7 @@ the profile's text, seed + 2); at the profile's length on every profile-length c
                                      [--lengths 256,1024] [--windows 2]
 
 "priced" is the pricing rule without the sliding-window correction (the share of positions that read something
-quantized), "as planned" with it (sensprof.pricing.sinkless_pricing: a sink scheme on a sliding layer the cache
+quantized), "as planned" with it (sensprof.planning.pricing.sinkless_pricing: a sink scheme on a sliding layer the cache
 slides past costs its sinkless scheme there), which is what the planner and `validate` use.
 """
 
@@ -26,14 +26,14 @@ def main():
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
 
-    from sensprof.budget import Budget
+    from sensprof.planning.budget import Budget
     from sensprof.data import bos_prefix
     from sensprof.models import load_model
-    from sensprof.plan import make_plan
-    from sensprof.pricing import priced_at
-    from sensprof.selection import selection_windows, short_chunks
-    from sensprof.table import load_profile
-    from sensprof.validate import layer_choices, measure
+    from sensprof.planning.plan import make_plan
+    from sensprof.planning.pricing import priced_at
+    from sensprof.planning.selection import selection_windows, short_chunks
+    from sensprof.profiling.table import load_profile
+    from sensprof.validation.validate import layer_choices, measure
 
     profile = load_profile(args.profile, require_complete=True)
     meta = profile.meta

@@ -1,6 +1,6 @@
-"""How often the engine checks raise a false alarm: the engine test's configurations (sensprof/engine_checks.py)
+"""How often the engine checks raise a false alarm: the engine test's configurations (sensprof/validation/engine_checks.py)
 judged on several independent trials of unseen windows, each trial a whole test's rows judged at once, with the
-bounds of sensprof/validate_engine.py (family-wise, the emulation's draw spread counted) and with the rule before
+bounds of sensprof/validation/validate_engine.py (family-wise, the emulation's draw spread counted) and with the rule before
 issue 36 (KL within 15%, ΔNLL within 2 SE of the paired difference). A deliberately wrong emulation (round to
 nearest on vLLM's CPU backend; K and V swapped for llama.cpp) is judged on the same engine runs: how often the
 bounds still catch it.
@@ -20,11 +20,11 @@ import time
 import torch
 
 from sensprof.data import load_windows
-from sensprof.engine_checks import llamacpp_runs, vllm_cpu_runs
+from sensprof.validation.engine_checks import llamacpp_runs, vllm_cpu_runs
 from sensprof.engines.run.python import find_engine_python
 from sensprof.models import load_model
-from sensprof.profile import kv_absmax
-from sensprof.validate_engine import (KL_REL_TOL, agreement, agreement_rows, emulated_damage, engine_gguf,
+from sensprof.profiling.profile import kv_absmax
+from sensprof.validation.validate_engine import (KL_REL_TOL, agreement, agreement_rows, emulated_damage, engine_gguf,
                                       engine_measurements)
 
 

@@ -4,7 +4,7 @@ the default model, for a second model (or any), printing one row per -ctk/-ctv p
     python benchmarks/llamacpp_agreement.py MODEL.gguf [--pairs q8_0/q8_0,q4_0/q4_0] [--seq-len 384] [--windows 2]
 
 Needs llama.cpp's environment (tools/engines/install.sh). Each pair is run in llama.cpp (with its baseline and its
-floor, sensprof/validate_engine.py) and emulated with the schemes the llamacpp target prices it with (the key
+floor, sensprof/validation/validate_engine.py) and emulated with the schemes the llamacpp target prices it with (the key
 channel order from the model's class), in llama.cpp's numerics (the GGUF's matmul input rounding, --draws draws)
 and in float32."""
 
@@ -16,11 +16,11 @@ import time
 import torch
 
 from sensprof.data import load_windows
-from sensprof.engine_checks import LLAMACPP_PAIRS, llamacpp_runs
+from sensprof.validation.engine_checks import LLAMACPP_PAIRS, llamacpp_runs
 from sensprof.engines.llamacpp.catalog import channel_order
 from sensprof.engines.run.python import find_engine_python
 from sensprof.models import load_model
-from sensprof.validate_engine import LLAMACPP_DRAWS, compare_with_engine
+from sensprof.validation.validate_engine import LLAMACPP_DRAWS, compare_with_engine
 
 PAIRS = ",".join(f"{k}/{v}" for k, v in LLAMACPP_PAIRS)
 

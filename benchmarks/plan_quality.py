@@ -40,23 +40,23 @@ def main():
     ap.add_argument("--uniform-top", type=int, default=5)
     ap.add_argument("--unpriced", action="store_true",
                     help="also plan with the damage as the profile measured it (at its own window: the planner before "
-                         "sensprof.pricing), memory priced alike")
+                         "sensprof.planning.pricing), memory priced alike")
     ap.add_argument("--target", default="sensprof", choices=["sensprof", "vllm"])
     ap.add_argument("--model", default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    from sensprof.budget import Budget
+    from sensprof.planning.budget import Budget
     from sensprof.models import load_model
-    from sensprof.plan import make_plan, priced_table
-    from sensprof.planner import problem_from_table
-    from sensprof.pricing import priced_at
+    from sensprof.planning.plan import make_plan, priced_table
+    from sensprof.planning.planner import problem_from_table
+    from sensprof.planning.pricing import priced_at
     from sensprof.schemes import get_scheme
-    from sensprof.selection import select_measured, uniform_candidates
-    from sensprof.table import load_profile, summed_damage
+    from sensprof.planning.selection import select_measured, uniform_candidates
+    from sensprof.profiling.table import load_profile, summed_damage
     from sensprof.targets import get_target
-    from sensprof.validate import layer_choices, measure, plan_reads, reference_configs, validation_windows
+    from sensprof.validation.validate import layer_choices, measure, plan_reads, reference_configs, validation_windows
 
     t0 = time.time()
     profile = load_profile(args.profile, require_complete=True)
@@ -81,8 +81,8 @@ def main():
                                                          loaded=loaded)
             continue
         if args.unpriced:
-            from sensprof.plan import build_plan
-            from sensprof.planner import plan as solve
+            from sensprof.planning.plan import build_plan
+            from sensprof.planning.planner import plan as solve
 
             table, pricing = priced_table(profile, "sensprof", get_target("sensprof"), own)  # scale 1: as measured
             solution = solve(problem_from_table(table, meta["layers"], "kl"), get_target("sensprof"), budget)

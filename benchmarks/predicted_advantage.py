@@ -29,13 +29,13 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    from sensprof.budget import Budget
+    from sensprof.planning.budget import Budget
     from sensprof.files import atomic_write_text
-    from sensprof.plan import make_plan
-    from sensprof.planner import runtime_format
-    from sensprof.pricing import priced_at
+    from sensprof.planning.plan import make_plan
+    from sensprof.planning.planner import runtime_format
+    from sensprof.planning.pricing import priced_at
     from sensprof.report.data import config_bits, uniform_configs
-    from sensprof.table import load_profile, summed_damage
+    from sensprof.profiling.table import load_profile, summed_damage
 
     profile = load_profile(args.profile, require_complete=True)
     meta = profile.meta

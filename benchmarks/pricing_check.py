@@ -1,6 +1,6 @@
 """How well the profile, priced at a longer length, predicts the uniform configurations measured there: measured /
 predicted for each uniform configuration in a plan_quality.py CSV, with the profile unscaled, priced by
-sensprof.pricing (the share of positions that read something quantized) and by an alternative (the mean share of
+sensprof.planning.pricing (the share of positions that read something quantized) and by an alternative (the mean share of
 each query's past that is quantized). No model is loaded.
 
     python benchmarks/pricing_check.py PROFILE_DIR PLAN_QUALITY_CSV [--seq-len 1024]
@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from sensprof.memory import quantized_token_count
-from sensprof.pricing import scale
+from sensprof.planning.pricing import scale
 from sensprof.schemes import get_scheme
-from sensprof.table import load_profile
+from sensprof.profiling.table import load_profile
 
 
 @lru_cache(None)

@@ -36,7 +36,7 @@ def _load(args):
                              max_position_embeddings=4096)
         torch.manual_seed(0)
         model = tf.LlamaForCausalLM(cfg).eval()
-        from sensprof.hooks import register
+        from sensprof.profiling.hooks import register
 
         register()
         ids = torch.randint(3, cfg.vocab_size, (args.windows, args.seq_len), generator=torch.Generator().manual_seed(0))
@@ -51,7 +51,7 @@ def _load(args):
 
 def run_one(args, mode):
     from sensprof.models import describe_layers
-    from sensprof.profile import peak_memory, run_profile
+    from sensprof.profiling.profile import peak_memory, run_profile
     from sensprof.schemes import parse_menu
     from sensprof.specs import parse_layers
 

@@ -14,9 +14,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def main():
-    from sensprof.budget import budget_from_args
-    from sensprof.plan import make_plan
-    from sensprof.table import load_profile, summed_damage
+    from sensprof.planning.budget import budget_from_args
+    from sensprof.planning.plan import make_plan
+    from sensprof.profiling.table import load_profile, summed_damage
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("exact")

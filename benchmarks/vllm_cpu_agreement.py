@@ -6,8 +6,8 @@ on the default model, for a second model (or any), printing one row per configur
 Needs vLLM's CPU environment (tools/engines/install.sh). Every fp8 dtype vLLM's CPU backend runs (`fp8`, `fp8`
 with checkpoint scales calibrated on other windows, `fp8_e5m2`), each with every layer quantized and with the
 `--skip` layers kept unquantized, is run in vLLM from a float32 checkpoint of the very weights sensprof loaded and
-emulated with the schemes the vllm target prices it with (sensprof/engine_checks.py; the bounds:
-sensprof/validate_engine.py, agreement())."""
+emulated with the schemes the vllm target prices it with (sensprof/validation/engine_checks.py; the bounds:
+sensprof/validation/validate_engine.py, agreement())."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import time
 import torch
 
 from sensprof.data import load_windows
-from sensprof.engine_checks import vllm_cpu_runs
+from sensprof.validation.engine_checks import vllm_cpu_runs
 from sensprof.engines.run.python import find_engine_python
 from sensprof.models import load_model
-from sensprof.profile import kv_absmax
-from sensprof.validate_engine import compare_with_engine
+from sensprof.profiling.profile import kv_absmax
+from sensprof.validation.validate_engine import compare_with_engine
 
 
 def main() -> None:

@@ -2,7 +2,10 @@
 
 __version__ = "0.1.0"
 
+from ._aliases import install_aliases
 from .errors import SensprofError
 from .schemes import QuantScheme, get_scheme
 
 __all__ = ["QuantScheme", "SensprofError", "__version__", "get_scheme"]
+
+install_aliases()  # the moved modules' old names (sensprof.planner, sensprof.validate, ...): sensprof/_aliases.py

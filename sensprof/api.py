@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from .data import load_windows, select_windows  # noqa: F401  (part of the API: windows of the built-in text)
 from .errors import SensprofError
 from .models import DEFAULT_MODEL
-from .selection import SELECTABLE  # noqa: F401  (part of the API: the targets plan can choose for)
-from .selection import check_select_args, default_select_windows
+from .planning.selection import SELECTABLE  # noqa: F401  (part of the API: the targets plan can choose for)
+from .planning.selection import check_select_args, default_select_windows
 
 
 def _model_options(model=None, device="auto", dtype=None, device_map=None, trust_remote_code=False) -> dict:
@@ -44,9 +44,9 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
     without one). Returns the `Profile` of the longest length (its `.table` is a pandas DataFrame, one row per layer x tensor x scheme).
     """
     from .data import parse_seq_lens, text_source
-    from .profile import check_modes
+    from .profiling.profile import check_modes
     from .specs import parse_layers
-    from .table import length_dir
+    from .profiling.table import length_dir
     from .targets import llamacpp_channel_order, profile_menu
 
     schemes, k_schemes, v_schemes = (",".join(x) if isinstance(x, (list, tuple)) else x
@@ -61,7 +61,7 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
         raise SensprofError("--layers is empty; pass layers such as 0-11 or 0,5,7-9, or leave --layers out for all")
     profile_menu(schemes, target, vllm_gpu, None, k_schemes, v_schemes)  # a bad menu fails before loading
     check_modes(kl, screen, replay=not naive, naive=naive)
-    from .pricing import profile_reads
+    from .planning.pricing import profile_reads
 
     reads = profile_reads(reads, target)
     lengths = parse_seq_lens(seq_len)
@@ -84,7 +84,7 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
             model, tokenizer, model_id, shape = _profiled_model(model, tokenizer, device, dtype, device_map,
                                                                 trust_remote_code, quiet_loading)
         else:
-            from .distributed import RayProfiler
+            from .profiling.distributed import RayProfiler
 
             model_id = model  # the driver's text (body) goes to every worker, which renders its chats
             cluster = stack.enter_context(RayProfiler(ray, _model_options(model, device, dtype, device_map,
@@ -130,7 +130,7 @@ def _profiled_model(model, tokenizer, device, dtype, device_map, trust_remote_co
     elif tokenizer is None:
         raise SensprofError("pass the tokenizer along with a loaded model")
     else:
-        from .hooks import register
+        from .profiling.hooks import register
 
         model_id = getattr(model.config, "_name_or_path", type(model).__name__)
         register()
@@ -143,7 +143,7 @@ def _profiled_model(model, tokenizer, device, dtype, device_map, trust_remote_co
 def _profile_here(model, tokenizer, text, seq_len, windows, seed, menu, layers, out, model_id, variants_per_pass,
                   naive, kl, screen, progress, extra, reads="streaming"):
     from .data import text_windows
-    from .profile import run_profile
+    from .profiling.profile import run_profile
 
     ids, text_name, digest, slots = text_windows(tokenizer, *text, seq_len, windows, seed)
     return run_profile(model, ids, menu, layers=layers, out_dir=out, model_id=model_id, text_name=text_name,
@@ -153,7 +153,7 @@ def _profile_here(model, tokenizer, text, seq_len, windows, seed, menu, layers, 
 
 
 def default_profile_dir(model: str) -> str:
-    from .table import default_out_dir
+    from .profiling.table import default_out_dir
 
     return default_out_dir(model)
 
@@ -171,9 +171,9 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
     DEFAULT_SELECT_WINDOWS for the targets that have a choice and no --num-skip, 0: by predicted damage alone); with
     `out` (a path, or True for the default plans/<model>-<target>-<budget>.json) the plan is written there. Returns
     (Plan, path or None)."""
-    from .budget import budget_from_args
+    from .planning.budget import budget_from_args
     from .files import check_writable
-    from .plan import make_plan
+    from .planning.plan import make_plan
 
     budget = budget_from_args(avg_bits, fraction, gpu_mem_gib, max_model_len, max_num_seqs, context_len)
     if refine < 0:
@@ -187,17 +187,17 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
                             "choose a dtype alone (none kept): drop one of them")
     if isinstance(out, str):
         check_writable(out, "--out", "file")  # before the solver and any --refine rounds
-    from .validate import read_select_text
+    from .validation.validate import read_select_text
 
     user_text = read_select_text(profile_dir, select_text, select_measured)  # before the solver and the model
     result = make_plan(profile_dir, target, budget, objective, num_skip, vllm_gpu, llamacpp_build, robust, per_layer)
     if refine:
-        from .refine import refine_plan
+        from .planning.refine import refine_plan
 
         result = refine_plan(result, profile_dir, budget, refine, device, log, dtype, device_map, trust_remote_code,
                              model)
     if select_measured:
-        from .selection import select_or_explain
+        from .planning.selection import select_or_explain
 
         result = select_or_explain(result, profile_dir, budget, select_measured, select_seq_len, defaulted,
                                    device=device, log=log, dtype=dtype, device_map=device_map,
@@ -217,7 +217,7 @@ def sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target="sensp
     chosen by measurement as `plan` chooses, and with `validate` each measured beside the menu's uniform
     configurations on unseen windows.
     Returns (sweep table, output directory)."""
-    from .sweep import run_sweep
+    from .planning.sweep import run_sweep
 
     return run_sweep(profile_dir, avg_bits=avg_bits, target=target, objective=objective, robust=robust,
                      vllm_gpu=vllm_gpu, llamacpp_build=llamacpp_build, context_len=context_len, validate=validate,
@@ -249,7 +249,7 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     from .artifacts import load_plan
     from .files import atomic_write_text, check_writable
     from .models import load_for_plan
-    from .validate import (advantage_note, check_plan_text, format_table, validate_plan, validation_lengths,
+    from .validation.validate import (advantage_note, check_plan_text, format_table, validate_plan, validation_lengths,
                            validation_windows)
 
     if windows is not None and windows < 1:
@@ -262,7 +262,7 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     check_plan_text(result)  # a text file the plan records, refused before the model loads or anything is read
     user_text = None
     if text:
-        from .validate import read_user_text
+        from .validation.validate import read_user_text
 
         chosen_on = result.solver.select or {}
         user_text = read_user_text(result.profile.settings.get("text_digest"), text,  # before the model loads
@@ -276,7 +276,7 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     engine_log = os.path.splitext(out)[0] + ".log"  # the engine's output, written only when it failed
     if engine is not None:
         from .engines.run.python import find_engine_python
-        from .validate_engine import check_engine_for_plan
+        from .validation.validate_engine import check_engine_for_plan
 
         engine_at = find_engine_python(engine, engine_python)
         runs = check_engine_for_plan(engine, result, engine_at)  # before loading: each refusal costs nothing
@@ -286,7 +286,7 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     lengths = validation_lengths(result, seq_len, loaded.model)
     for n in lengths:
         if engine is not None:
-            from .validate_engine import format_engine_table, validate_with_engine
+            from .validation.validate_engine import format_engine_table, validate_with_engine
 
             ids = validation_windows(result, loaded.tokenizer, windows, n, user_text)
             family = len(lengths) * sum(r.plan is not None for r in runs)  # rows judged at once
@@ -310,7 +310,7 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     atomic_write_text(out, df.to_csv(index=False))
     note = None if engine else advantage_note(df)
     if engine is not None and not df.agrees.all():
-        from .validate_engine import FALSE_ALARM, KL_REL_TOL
+        from .validation.validate_engine import FALSE_ALARM, KL_REL_TOL
 
         note = (f"note: {engine} and sensprof's emulation disagree beyond the bounds (KL within "
                 f"{KL_REL_TOL:.0%} or its noise, mean dNLL within its noise; {FALSE_ALARM:.0%} false alarms) for: "
@@ -437,14 +437,14 @@ def lm_eval(plan_path: str, *, tasks, include=None, limit=None, num_fewshot=None
 
 def merge(dirs, out: str) -> dict:
     """Join profiles of the same model and settings computed for different layers; returns the merged meta."""
-    from .table import merge_profiles
+    from .profiling.table import merge_profiles
 
     return merge_profiles(list(dirs), out)
 
 
 def summary(profile_dir: str) -> str:
     from .summary import summarize
-    from .table import load_profile
+    from .profiling.table import load_profile
 
     return summarize(load_profile(profile_dir))
 

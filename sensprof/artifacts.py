@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .budget import Budget
+from .planning.budget import Budget
 from .constants import FP8_E4M3_MAX
 from .errors import SensprofError
 from .files import atomic_write_text, check_artifact, check_writable, read_json, safe_name
@@ -222,7 +222,7 @@ class Plan:
     def check(self, path: str = "plan") -> None:
         """Refuse a plan that contradicts itself: layers not 0..N-1, impossible shapes, unknown schemes, NaN or
         negative calibration, or a layer list of another size than its prediction was made for."""
-        from .table import check_absmax
+        from .profiling.table import check_absmax
 
         redo = "re-run `sensprof plan` (a hand-edited or damaged plan cannot be trusted)"
         if [p.layer for p in self.layers] != list(range(len(self.layers))) or not self.layers:

@@ -2,7 +2,7 @@
 traceback, and nothing already written is lost or changed. Damaged profiles, plans and model files, budgets
 that mean nothing, outputs that cannot be written, prompts and lengths the model cannot take.
 
-(Resuming after a kill -9 is in test_resume.py.)"""
+(Resuming after a kill -9 is in profiling/test_resume.py.)"""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from test_export import make_plan, save, sglang_plan, vllm_plan
 
 from sensprof.errors import SensprofError
 from sensprof.artifacts import load_plan
-from sensprof.planner import problem_from_table
-from sensprof.table import load_profile
+from sensprof.planning.planner import problem_from_table
+from sensprof.profiling.table import load_profile
 
 
 def snapshot(*paths) -> dict:

@@ -21,7 +21,7 @@ from conftest import make_tiny_model
 
 import sensprof.models as sm
 from sensprof.cli import main
-from sensprof.table import default_out_dir
+from sensprof.profiling.table import default_out_dir
 
 # A profile of the tiny model in well under a second: 3 layers x K/V x 1 scheme, 2 windows of 32 tokens.
 FAST = ["--device", "cpu", "--seq-len", "32", "--windows", "2", "--schemes", "fp8_e4m3", "--quiet"]

@@ -218,7 +218,7 @@ def test_8bit_plan_stays_close_to_baseline_and_2bit_does_not(model, tiny_tokeniz
 
 
 def test_uniform_references_closest_not_below_and_unstorable_skipped(model, monkeypatch):
-    import sensprof.validate as sv
+    import sensprof.validation.validate as sv
 
     plan = _plan(model, [("int4_c32", "int4_t32"), ("int8_per_token_head", "int4_t32"), ("int4_c32", "int4_t32")])
     configs, kinds, notes = eval_configs(plan, model, "auto")  # plan 6.5 bits: fp8_e4m3 (8) is the closest above

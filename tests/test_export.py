@@ -24,7 +24,7 @@ from sensprof.export.sglang import sglang_argv, sglang_scales
 from sensprof.export.vllm import VLLM_KV_DTYPES, parse_version, skip_tokens, vllm_argv
 from sensprof.artifacts import LayerPlan, Plan, load_plan
 from sensprof.constants import FP8_E4M3_MAX
-from sensprof.plan import predicted_summary
+from sensprof.planning.plan import predicted_summary
 
 GIB = 2**30
 MODEL = "/models/my tiny model"  # a space: the command line must quote it

@@ -18,7 +18,7 @@ from test_export import LLAMA_KINDS, MODEL, make_plan, parse_vllm, save, sglang_
 from sensprof.errors import SensprofError
 from sensprof.export import command_line
 from sensprof.export.vllm import VLLM_KV_DTYPES, vllm_argv
-from sensprof.plan import predicted_summary
+from sensprof.planning.plan import predicted_summary
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "vllm", "argparse.json")
 SMOLLM2_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"

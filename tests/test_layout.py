@@ -19,15 +19,17 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "sensprof")
 # package of sensprof; a dotted entry (e.g. "engines.run") ranks a subpackage or module on its own (the longest
 # entry that a module's name starts with wins).
 LAYERS = [
-    ["errors", "constants"],
+    ["errors", "constants", "_aliases"],  # _aliases: the moved modules' old names (sensprof.planner, ...)
+    ["profiling", "planning", "validation"],  # the stage folders' __init__.py: docstrings only, they import nothing
     ["files", "specs", "gguf_files", "reaper"],  # reaper: what sensprof starts dies with it; gguf_files: a GGUF file parsed once (models and engines.llamacpp read it)
     ["engines"],  # what serving engines store: catalogs as data (no torch) and emulations; schemes.py asks them
-    ["", "schemes", "memory", "scheme_tables", "budget", "pricing", "rope", "rotation", "data", "quant", "screen",
-     "metrics"],
-    ["artifacts", "targets", "planner", "table", "models", "hub"],
-    ["hooks", "taps", "outputs", "suffix", "plan", "export"],
-    ["profile", "validate", "validate_engine", "engine_checks", "selection", "refine", "sweep", "summary", "runtime", "evaluate", "report"],
-    ["distributed"],  # sensprof profile --ray: runs sensprof.profile's cells on Ray workers
+    ["", "schemes", "memory", "scheme_tables", "planning.budget", "planning.pricing", "rope", "rotation", "data", "quant",
+     "profiling.screen", "metrics"],
+    ["artifacts", "targets", "planning.planner", "profiling.table", "models", "hub"],
+    ["profiling.hooks", "profiling.taps", "profiling.outputs", "profiling.suffix", "planning.plan", "export"],
+    ["profiling.profile", "validation.validate", "validation.validate_engine", "validation.engine_checks",
+     "planning.selection", "planning.refine", "planning.sweep", "summary", "runtime", "evaluate", "report"],
+    ["profiling.distributed"],  # sensprof profile --ray: runs sensprof.profiling.profile's cells on Ray workers
     ["api"],
     ["cli", "cli_args", "__main__"],
 ]
@@ -132,6 +134,14 @@ def test_imports_go_down_the_layers(module):
         assert _rank(imported) <= _rank(module), (
             f"sensprof.{module} (layer {_rank(module)}) imports sensprof.{imported} (layer {_rank(imported)}) "
             f"at line {line}")
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_every_import_names_a_module_that_is_there(module):
+    """A relative import written for another folder (`from .errors import` in planning/) names no module: caught
+    here for function-level imports too, which importing the module would not run."""
+    for target, _, line in _imports(module):
+        assert target in MODULES, f"sensprof.{module} imports sensprof.{target} at line {line}, which is no module"
 
 
 def test_no_import_circles():

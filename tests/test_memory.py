@@ -28,12 +28,12 @@ from sensprof.schemes import REGISTRY, get_scheme
     "sensprof.memory",
     "sensprof.memory, sensprof.schemes",
     "sensprof.constants",
-    "sensprof.budget",
+    "sensprof.planning.budget",
     "sensprof.targets",
-    "sensprof.planner",
-    "sensprof.plan",
-    "sensprof.screen",
-    "sensprof.pricing",
+    "sensprof.planning.planner",
+    "sensprof.planning.plan",
+    "sensprof.profiling.screen",
+    "sensprof.planning.pricing",
     "sensprof.export, sensprof.export.vllm, sensprof.export.sglang, sensprof.export.llamacpp",
 ])
 def test_cost_model_imports_no_torch(modules):
@@ -215,7 +215,7 @@ def test_quantized_token_count_values(name, n, expected):
 ])
 def test_quantized_token_count_agrees_with_the_streaming_taps(name):
     """memory's count and the profiler's view of the cache (taps.full_precision_from) must agree."""
-    from sensprof.taps import full_precision_from
+    from sensprof.profiling.taps import full_precision_from
 
     s = get_scheme(name)
     n_max = 400

@@ -20,7 +20,7 @@ def smollm2():
 @pytest.fixture(scope="module")
 def real_profile(smollm2):
     from sensprof.data import load_windows
-    from sensprof.profile import run_profile
+    from sensprof.profiling.profile import run_profile
 
     ids, name, digest = load_windows(smollm2.tokenizer, None, seq_len=128, windows=2, seed=0)
     # Same residual window for both layouts, so only the grouping axis differs.
@@ -94,11 +94,11 @@ def test_runtime_decoding_matches_the_profiler_on_the_real_model(smollm2):
     from transformers import DynamicCache
 
     from sensprof.data import load_windows
-    from sensprof.hooks import attention_taps
+    from sensprof.profiling.hooks import attention_taps
     from sensprof.runtime import PlannedCache
     from sensprof.runtime.generate import cache_kwarg
     from sensprof.schemes import get_scheme
-    from sensprof.taps import QuantTap
+    from sensprof.profiling.taps import QuantTap
 
     model = smollm2.model
     kw = cache_kwarg(model)
@@ -162,11 +162,11 @@ def test_runtime_prefill_matches_the_profiler_on_the_real_model(smollm2):
     import torch
 
     from sensprof.data import load_windows
-    from sensprof.hooks import attention_taps
+    from sensprof.profiling.hooks import attention_taps
     from sensprof.runtime import PlannedCache
     from sensprof.runtime.generate import cache_kwarg
     from sensprof.schemes import get_scheme
-    from sensprof.taps import QuantTap
+    from sensprof.profiling.taps import QuantTap
 
     model = smollm2.model
     kw = cache_kwarg(model)

@@ -27,7 +27,7 @@ from sensprof.memory import bits_per_element
 from sensprof.artifacts import load_plan
 from sensprof.report import data
 from sensprof.schemes import get_scheme
-from sensprof.table import load_profile
+from sensprof.profiling.table import load_profile
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SCHEMES = "fp8_e4m3,int4_per_token_head,int4_c32,int4_t32,int2_c32,int2_t32,int4_c32_pre"
@@ -180,7 +180,7 @@ def test_report_imports_neither_torch_nor_pyplot(run, tmp_path):
     """In a fresh interpreter: the report's modules and the CLI's report path need no torch and leave
     matplotlib's global state (pyplot) alone."""
     code = ("import sys; from sensprof.cli import main; from sensprof.report import data, html, plots, write_report; "
-            "from sensprof.table import load_profile; "
+            "from sensprof.profiling.table import load_profile; "
             f"p = load_profile({run.profile!r}); data.damage_matrix(p.table, 'K', 'kl'); "
             f"rc = main(['report', {run.profile!r}, '--metric', 'nope', '--out', {str(tmp_path / 'r')!r}]); "
             "assert rc == 2, rc; bad = [m for m in ('torch', 'matplotlib.pyplot') if m in sys.modules]; "
@@ -280,7 +280,7 @@ def test_plan_damage_without_validation_is_predicted_from_the_profile(run, profi
     want = sum(kl[(p.layer, "K", p.k_scheme)] + kl[(p.layer, "V", p.v_scheme)] for p in plan.layers)
     row = df.set_index("config").loc["plan"]
     assert row.predicted_kl == pytest.approx(want, rel=1e-12)
-    # the plan optimised KL priced at its serving length (sensprof.pricing); the report predicts at the profile's
+    # the plan optimised KL priced at its serving length (sensprof.planning.pricing); the report predicts at the profile's
     scales = plan.predicted.pricing["scales"]
     assert plan.predicted.damage == pytest.approx(
         sum(kl[(p.layer, "K", p.k_scheme)] * scales.get(p.k_scheme, 1.0)

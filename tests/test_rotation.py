@@ -73,7 +73,7 @@ def test_query_is_quantized_in_the_rotated_basis():
 
 def test_the_runtime_refuses_rotated_schemes_and_the_free_target_skips_them():
     """llama.cpp's rotated cache is emulated for profiling and validation; sensprof's runtime stores plain codecs."""
-    from sensprof.planner import runtime_format
+    from sensprof.planning.planner import runtime_format
     from sensprof.runtime.store import runtime_problem
 
     for name in ("llamacpp_q4_0.K", "llamacpp_q4_0.K_interleaved", "llamacpp_q8_0.V"):

@@ -18,7 +18,7 @@ import torch
 
 from ..errors import SensprofError
 from ..artifacts import LayerPlan, Plan
-from ..plan import predicted_summary
+from ..planning.plan import predicted_summary
 from .tasks import TASKS, Sample, build_sample, format_length, min_length
 
 BASELINE = "baseline (no quantization)"
@@ -54,7 +54,7 @@ def eval_configs(plan: Plan, model=None, uniform: str = "auto") -> tuple[dict[st
     with the least memory not below the plan's (all tied ones), plus non-uniform references of the plan's
     target (e.g. vLLM's "skip the first k layers" heuristic); "all": every storable one; "none": no reference.
     """
-    from ..validate import layer_choices, reference_configs
+    from ..validation.validate import layer_choices, reference_configs
 
     if uniform not in ("auto", "all", "none"):
         raise SensprofError(f"--uniform {uniform!r} is not one of auto, all, none")

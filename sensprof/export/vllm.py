@@ -8,7 +8,7 @@ from ..engines.vllm.catalog import GPU_NAMES, check_vllm_gpu, min_version_text
 from ..errors import SensprofError
 from ..models import is_gguf
 from ..artifacts import Plan
-from ..plan import vllm_layers
+from ..planning.plan import vllm_layers
 from ..targets import is_pair
 
 # --kv-cache-dtype-skip-layers: first released in vLLM 0.19.0 (engines/vllm/facts.py SKIP_FLAG_SINCE, read from

@@ -12,7 +12,7 @@ import os
 from .. import __version__
 from ..errors import SensprofError
 from ..files import atomic_write_bytes, atomic_write_text, check_writable, output_lock, safe_name
-from ..table import load_profile
+from ..profiling.table import load_profile
 from . import data, plots
 from .html import Section, Table, page
 

@@ -14,9 +14,9 @@ import pandas as pd
 from ..errors import SensprofError
 from ..memory import bits_per_element
 from ..artifacts import Plan, load_plan
-from ..plan import held_avg_bits, predicted_summary
+from ..planning.plan import held_avg_bits, predicted_summary
 from ..schemes import get_scheme
-from ..table import summed_damage
+from ..profiling.table import summed_damage
 
 METRICS = {
     "kl": "KL(baseline ‖ quantized) of the next token, mean per token",
@@ -380,7 +380,7 @@ def held_at_validation_length(sweeps, uniform, uniform_measured, meta):
 
 def damage_by_length(profile):
     """Rows tensor, scheme, seq_len, KL summed over layers, for a profile holding several --seq-len; empty otherwise."""
-    from ..table import length_profiles
+    from ..profiling.table import length_profiles
 
     rows = []
     by_len = length_profiles(profile)

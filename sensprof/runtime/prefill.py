@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from ..hooks import plain_attention
+from ..profiling.hooks import plain_attention
 from ..quant import quantize_query
-from ..taps import full_precision_from, reads_quantized
+from ..profiling.taps import full_precision_from, reads_quantized
 
 EXACT_QUERY_BLOCK = 256  # queries per call: the band of two versions is about this wide
 

@@ -1,6 +1,6 @@
 """The running engines are the judge: on the default model, every configuration that runs on this CPU is measured in
 the real engine (vLLM's CPU backend, llama.cpp through llama-cpp-python; tools/engines/install.sh) and by sensprof's
-emulation on the same tokens, and the two must agree (sensprof/validate_engine.py, agreement()): KL within 15% of the
+emulation on the same tokens, and the two must agree (sensprof/validation/validate_engine.py, agreement()): KL within 15% of the
 emulation's or its ratio's noise (for llama.cpp, of the emulation run in llama.cpp's numerics), mean per-token ΔNLL
 within its noise — the paired per-token difference's and the emulation's draw-to-draw spread over draws of this
 machine's numerics, which is what moves from one CPU to another — with bounds set so that a whole test's rows raise a
@@ -18,11 +18,11 @@ import tempfile
 import pytest
 
 from sensprof.data import load_windows
-from sensprof.engine_checks import llamacpp_runs, vllm_cpu_asym_run, vllm_cpu_mixed_run, vllm_cpu_runs
+from sensprof.validation.engine_checks import llamacpp_runs, vllm_cpu_asym_run, vllm_cpu_mixed_run, vllm_cpu_runs
 from sensprof.engines.run.python import find_engine_python
 from sensprof.models import load_model
-from sensprof.profile import kv_absmax
-from sensprof.validate_engine import (LLAMACPP_DRAWS, VLLM_DRAWS, agreement, agreement_rows, cpu_has_fp8,
+from sensprof.profiling.profile import kv_absmax
+from sensprof.validation.validate_engine import (LLAMACPP_DRAWS, VLLM_DRAWS, agreement, agreement_rows, cpu_has_fp8,
                                       emulated_damage, engine_gguf, engine_measurements)
 
 pytestmark = [pytest.mark.slow, pytest.mark.engines]

@@ -99,7 +99,7 @@ def test_without_the_rotation_or_in_transformers_order_it_would_not():
 @pytest.mark.engines
 def test_live_llamacpp_stores_the_fixture(tmp_path, llamacpp_python):
     """Dump the rows again with the installed engine: a build that stores otherwise fails here."""
-    from sensprof.validate_engine import gguf_path
+    from sensprof.validation.validate_engine import gguf_path
 
     fixture = dict(np.load(DATA))
     out = tmp_path / "rows.npz"

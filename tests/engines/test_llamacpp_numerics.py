@@ -144,8 +144,8 @@ def test_emulation_in_llamacpps_numerics_averages_its_draws(tiny_with_gguf):
 
     from sensprof.artifacts import LayerPlan, Plan
     from sensprof.models import describe_layers, fingerprint
-    from sensprof.validate import measure
-    from sensprof.validate_engine import EngineRun, LLAMACPP_BASELINE, emulated_damage
+    from sensprof.validation.validate import measure
+    from sensprof.validation.validate_engine import EngineRun, LLAMACPP_BASELINE, emulated_damage
 
     model, path = tiny_with_gguf
     layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, "int4_c32", "int4_t32", 0.0, 0.0, {})

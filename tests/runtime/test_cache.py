@@ -10,7 +10,7 @@ from conftest import make_tiny_model, tiny_config
 from runtime.plans import decode_logprobs, make_plan
 
 from sensprof.errors import SensprofError
-from sensprof.hooks import attention_taps
+from sensprof.profiling.hooks import attention_taps
 from sensprof.memory import layer_cache_bytes
 from sensprof.models import describe_layers
 from sensprof.runtime import PlannedCache
@@ -18,7 +18,7 @@ from sensprof.runtime.generate import cache_kwarg
 from sensprof.runtime.kernels import reference
 from sensprof.runtime.store import runtime_problem
 from sensprof.schemes import get_scheme
-from sensprof.taps import QuantTap, StatsTap
+from sensprof.profiling.taps import QuantTap, StatsTap
 
 
 def _calibration(model, ids):

@@ -5,7 +5,7 @@ Executed by the engine's own Python (`python llamacpp_runner.py JOB.json`; sensp
 imports only llama_cpp, numpy and the standard library. The model is the GGUF file itself; flash attention is on
 for every pair (llama.cpp needs it for a quantized V cache). A window is one batch, so every position is written to the
 cache and read back from it, as it is during serving; a configuration may name a smaller `ubatch` (the engine's
-numerical floor, sensprof/validate_engine.py LLAMACPP_FLOOR).
+numerical floor, sensprof/validation/validate_engine.py LLAMACPP_FLOOR).
 The output (JSON) holds, per configuration, `nll` and `kl` as lists [windows][tokens - 1] and `top1` (the share of
 positions whose most likely token is the baseline's), and llama.cpp's version."""
 

@@ -1,0 +1,283 @@
+"""`plan --select-measured N`: the final choice made by measurement, never by prediction alone.
+
+The planner's plan is one of several candidates: plans at the same budget from other objectives and robustness
+settings, and the strongest uniform configurations that cost no more memory under the same budget. For target
+`sensprof` those are every layer one K and one V scheme of the profile's menus (the ones the priced profile
+predicts best, and the one that spends the most memory); for `vllm`, whose plans are one dtype plus layers kept
+unquantized, each vLLM dtype alone (with only the boundary layers vLLM itself keeps). Targets that take one type
+for every layer (SGLang, llama.cpp) have nothing to choose between. Each is measured with every layer quantized at
+once, read as the target reads its cache, on N windows of the profile's text that the profile did not use, at a longer length than the profile's
+(default 4x it, within the serving length), drawn with their own seed; the plan records their slots, and
+`validate` leaves them out, so the windows a user judges the plan on are neither the profile's nor these. The
+candidate with the lowest measured KL is the plan; if it is a uniform configuration, the plan says so
+(`solver.select.uniform_won`) and is that configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from ..errors import SensprofError
+from ..files import check_recorded_files
+from ..artifacts import Plan
+from ..schemes import get_scheme
+
+SELECT_SEED_OFFSET = 2  # the profile's windows use its seed, validate's seed + 1, these seed + 2
+UNIFORM_CANDIDATES = 3  # uniform configurations the priced profile predicts best (plus the richest one)
+SELECTABLE = ("sensprof", "vllm")  # targets whose plans can differ from a uniform setting
+DEFAULT_SELECT_WINDOWS = 2  # plan's default: a plan is never kept on its prediction alone
+
+
+def default_select_windows(target: str, num_skip) -> int:
+    """Windows `plan` measures its candidates on when the user does not say: none where there is nothing to choose
+    (one type for every layer) or the user fixed the number of kept layers (--num-skip)."""
+    return DEFAULT_SELECT_WINDOWS if target in SELECTABLE and num_skip is None else 0
+
+
+def check_select_args(windows: int, seq_len: int | None, target: str) -> None:
+    """--select-measured N and --select-seq-len T, refused before any solving or loading."""
+    if windows and target not in SELECTABLE:
+        raise SensprofError(f"--select-measured chooses among per-layer plans and uniform configurations; target "
+                            f"{target} takes one type for every layer: drop --select-measured or use "
+                            "--target sensprof or vllm")
+    if windows < 0 or (seq_len is not None and seq_len < 2):
+        raise SensprofError("--select-measured N takes a number of windows (e.g. 2) and --select-seq-len a length of "
+                            "at least 2 tokens")
+    if seq_len is not None and not windows:
+        raise SensprofError("--select-seq-len needs --select-measured N")
+
+
+def select_or_explain(plan: Plan, profile_dir: str, budget, windows: int, seq_len: int | None, defaulted: bool,
+                      **options) -> Plan:
+    """select_measured(); when the user did not ask for it (the default), a refusal also names the way out."""
+    try:
+        return select_measured(plan, profile_dir, budget, windows, seq_len, **options)
+    except SensprofError as e:
+        if not defaulted or "--select-measured 0" in str(e):
+            raise
+        raise SensprofError(f"{e} (or pass --select-measured 0 to plan by predicted damage alone, without the "
+                            "model)") from None
+
+
+def selection_windows(tokenizer, plan: Plan, windows: int, seq_len: int):
+    """(ids, slots): windows of the profile's text that overlap no profiled window."""
+    from ..data import SELECT_FLAGS, bos_prefix, overlapping_slots, select_windows
+
+    settings = plan.profile.settings
+    prefix = len(bos_prefix(tokenizer))
+    exclude = overlapping_slots(set(plan.profile.window_slots or []), settings["seq_len"] - prefix, seq_len - prefix)
+    ids, _, _, slots = select_windows(tokenizer, plan.profile.text_files, seq_len, windows,
+                                      settings["seed"] + SELECT_SEED_OFFSET, exclude, SELECT_FLAGS)
+    return ids, slots
+
+
+def uniform_candidates(problem, budget, layers: list[dict], plan_pairs=None, top: int = UNIFORM_CANDIDATES):
+    """{name: (K, V)}: the uniform configurations of the menus within the budget that the (priced) problem predicts
+    best, and the one that spends the most memory (the best predicted of those)."""
+    from .planner import runtime_format
+
+    limit = budget.limit(layers)
+    pool = []
+    for k in problem.options["K"]:
+        for v in problem.options["V"]:
+            if not (runtime_format(k) and runtime_format(v)):
+                continue
+            cost = sum(budget.cost(get_scheme(k), layer) + budget.cost(get_scheme(v), layer) for layer in layers)
+            if cost > limit * (1 + 1e-9):
+                continue
+            damage = sum(problem.cell(i, "K", k) + problem.cell(i, "V", v) for i in range(len(layers)))
+            pool.append((damage, -cost, k, v))
+    pool.sort()
+    chosen = pool[:top]
+    if pool:
+        richest = min(pool, key=lambda x: (x[1], x[0]))
+        if richest not in chosen:
+            chosen.append(richest)
+    return {f"uniform {k} / {v}": (k, v) for _, _, k, v in chosen}
+
+
+def engine_uniform_plans(profile, problem, tgt, budget, objective: str, pricing, table) -> dict[str, Plan]:
+    """{name: Plan}: each dtype of a one-dtype-plus-skips target (vLLM) alone, with only the layers the engine
+    itself keeps, where it fits the budget."""
+    from .plan import build_plan, with_vllm_pool
+    from .planner import plan as solve
+
+    out = {}
+    for d in tgt.dtypes:
+        if d.k_scheme == "none" or d.k_scheme not in problem.options["K"] or d.v_scheme not in problem.options["V"]:
+            continue
+        alone = dataclasses.replace(tgt, dtypes=tuple(x for x in tgt.dtypes if x.k_scheme == "none" or x == d))
+        try:
+            solution = solve(problem, alone, budget, num_skip=0)
+        except SensprofError:  # does not fit the budget
+            continue
+        result = build_plan(profile, solution, tgt.name, objective, budget, pricing, table)
+        if budget.kind == "serving":
+            result = with_vllm_pool(result, budget)
+        schemes = d.k_scheme if d.k_scheme == d.v_scheme else f"{d.k_scheme} / {d.v_scheme}"
+        out[f"uniform vllm {d.flag_value} ({schemes})"] = result  # two fp8 dtypes differ by their scales
+    return out
+
+
+def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len: int | None = None,
+                    device: str = "auto", log=print, dtype=None, device_map=None, trust_remote_code=False,
+                    model: str | None = None, loaded=None, text=None) -> Plan:
+    """The final choice by measured KL on `windows` unseen windows of the profile's text (or of `text`, the
+    user's: validate.read_user_text's data.Text)."""
+    from ..data import bos_prefix
+    from ..models import load_for_profile
+    from .plan import make_plan, priced_table
+    from .planner import problem_from_table
+    from ..profiling.table import load_profile
+    from ..targets import get_target
+    from .pricing import priced_at
+    from ..validation.validate import layer_choices, measure, plan_reads, predicted_damage
+
+    check_select_args(windows, seq_len, plan.target)
+    if windows < 1:
+        raise SensprofError(f"--select-measured {windows}: pass the number of windows to measure on, e.g. 2")
+    profile = load_profile(profile_dir, require_complete=True)
+    meta = profile.meta
+    missing = [f for f in meta.get("text_files") or [] if not os.path.exists(f)]
+    if missing:
+        raise SensprofError(f"--select-measured reads the profile's text, but {missing[0]!r} is gone; restore it or "
+                            "pass --select-measured 0 to plan by predicted damage alone")
+    check_recorded_files(meta.get("text_files"), [profile_dir, "."], "the profile's text",
+                         ", or pass --select-measured 0 to plan by predicted damage alone")
+    pricing = plan.predicted.pricing or {}
+    own = int(meta["settings"]["seq_len"])
+    context = int(pricing.get("context_len") or 4 * own)
+    n = seq_len or min(4 * own, context)
+    limit = meta.get("max_positions")
+    if limit and n > int(limit):
+        raise SensprofError(f"--select-seq-len {n} is beyond the model's {limit} positions; pass at most {limit}")
+    if seq_len and pricing.get("context_len") and seq_len > context:  # measured beyond what is served, silently
+        raise SensprofError(f"--select-seq-len {seq_len} is beyond the served context of {context} tokens the plan "
+                            f"is priced for; pass at most {context}, or a larger --context-len")
+    if loaded is None:
+        loaded = load_for_profile(plan, meta, model, device, dtype, device_map, trust_remote_code)
+    if text is None:
+        ids, slots = selection_windows(loaded.tokenizer, plan, windows, n)
+    else:
+        from ..validation.validate import user_windows
+
+        ids, slots = user_windows(plan, loaded.tokenizer, text, n, windows,
+                                  meta["settings"]["seed"] + SELECT_SEED_OFFSET, "--select-text")
+
+    # the candidates: this plan, plans from other objectives / robustness at the same budget, uniform configurations
+    gpu = plan.engine.vllm_gpu if plan.target == "vllm" else None
+    plans = {"plan": plan}
+    for label, objective, robust in (("plan (robust 1)", "kl", 1.0), ("plan (objective dnll)", "dnll", 0.0)):
+        if (objective, robust) == (plan.objective, plan.solver.robust):
+            continue
+        try:
+            alt = make_plan(profile_dir, plan.target, budget, objective, vllm_gpu=gpu, robust=robust,
+                            per_layer=bool(plan.layer_dtypes))
+        except SensprofError:
+            continue
+        plans[label] = alt
+    tgt = get_target(plan.target, gpu, None, {layer["head_dim"] for layer in meta["layers"]})
+    table, pricing_used = priced_table(profile, plan.target, tgt, pricing.get("context_len") or budget.context_len)
+    problem = problem_from_table(table, meta["layers"], "kl")
+    if plan.target == "sensprof":
+        uniforms = uniform_candidates(problem, budget, meta["layers"])
+        uniform_layers = {name: layer_choices(plan, pair) for name, pair in uniforms.items()}
+    else:  # each engine dtype alone is itself a plan (its engine settings included)
+        uniforms = engine_uniform_plans(profile, problem, tgt, budget, plan.objective, pricing_used, table)
+        uniform_layers = {name: list(p.layers) for name, p in uniforms.items()}
+    configs, seen = {}, set()
+    for name, layers in [*((name, p.layers) for name, p in plans.items()), *uniform_layers.items()]:
+        key = tuple((q.k_scheme, q.v_scheme) for q in layers)
+        if key not in seen:
+            seen.add(key)
+            configs[name] = layers
+    reads = plan_reads(plan)
+    log(f"select: measuring {len(configs)} candidates on {ids.shape[0]} x {ids.shape[1]} unseen tokens, read {reads}")
+    measured = measure(loaded.model, ids, configs, reads=reads)
+    at_len = priced_at(profile.table, meta.get("reads", "streaming"), own, int(ids.shape[1]), meta["layers"])
+    rows = []
+    for name, layers in configs.items():
+        pred = sum(problem.cell(p.layer, "K", p.k_scheme) if p.k_scheme != "none" else 0.0 for p in layers) + \
+            sum(problem.cell(p.layer, "V", p.v_scheme) if p.v_scheme != "none" else 0.0 for p in layers)
+        here = predicted_damage(at_len, layers, "kl")  # the per-layer sum priced at the windows' own length
+        cost = sum(budget.cost(get_scheme(p.k_scheme), info) + budget.cost(get_scheme(p.v_scheme), info)
+                   for p, info in zip(layers, meta["layers"]))
+        rows.append({"name": name, "uniform": name in uniforms, "predicted_kl": pred, "predicted_kl_here": here,
+                     "measured_kl": measured[name]["kl"], "budget_used": cost})
+        log(f"  {name:<40} predicted {here:.3e}  measured {measured[name]['kl']:.3e}")
+    best = min(rows, key=lambda r: r["measured_kl"])
+    joint, joint_windows = _joint_factors(loaded.model, ids, configs[best["name"]], best, profile, own, reads,
+                                          len(bos_prefix(loaded.tokenizer)))
+    record = {"windows": int(ids.shape[0]), "seq_len": int(ids.shape[1]), "seed": meta["settings"]["seed"]
+              + SELECT_SEED_OFFSET, "window_slots": list(slots), "reads": reads, "candidates": rows,
+              "chosen": best["name"], "uniform_won": bool(best["uniform"])}
+    if text is not None:  # the user's text chose the plan: which, and that validate's windows need not avoid it
+        record |= {"text": text.name, "text_files": list(text.files), "text_digest": text.digest(loaded.tokenizer)}
+    if best["uniform"] and plan.target != "sensprof":
+        chosen = uniforms[best["name"]]
+        log(f"select: {best['name']} alone measured lower KL than every plan ({best['measured_kl']:.3e} vs "
+            f"{min(r['measured_kl'] for r in rows if not r['uniform']):.3e}): the plan is that dtype")
+    elif best["uniform"]:
+        k, v = uniforms[best["name"]]
+        chosen = plan.replace(layers=tuple(dataclasses.replace(
+            p, k_scheme=k, v_scheme=v, k_damage=problem.cell(p.layer, "K", k), v_damage=problem.cell(p.layer, "V", v))
+            for p in plan.layers))
+        from .plan import held_avg_bits, predicted_summary
+
+        at = plan.predicted.context_len
+        chosen = chosen.replace(predicted=dataclasses.replace(
+            plan.predicted, damage=best["predicted_kl"], budget_used=best["budget_used"],
+            **predicted_summary(chosen.layers), **({"avg_bits_at_context": held_avg_bits(chosen.layers, at)}
+                                                   if at else {})))
+        log(f"select: the uniform configuration {k} / {v} measured lower KL than every plan "
+            f"({best['measured_kl']:.3e} vs {min(r['measured_kl'] for r in rows if not r['uniform']):.3e}): "
+            "the plan is that configuration")
+    else:
+        chosen = plans[best["name"]]
+        if chosen.predicted.objective != "kl":  # its prediction is stated in KL, what the choice and the joint factor
+            chosen = chosen.replace(predicted=dataclasses.replace(  # measure (a dNLL sum would print "pred KL nan")
+                chosen.predicted, damage=best["predicted_kl"], objective="kl"))
+        log(f"select: {best['name']} measured the lowest KL ({best['measured_kl']:.3e})")
+    if joint:
+        record["joint_factor"] = joint
+        record["joint_factor_windows"] = joint_windows
+        chosen = chosen.replace(predicted=dataclasses.replace(chosen.predicted, joint_factor=joint))
+        log(f"select: all layers at once measured {chosen.predicted.joint_summary()} the per-layer sum; validate's "
+            "prediction carries it")
+    return chosen.replace(solver=dataclasses.replace(chosen.solver, select=record))
+
+
+def short_chunks(ids, own: int, prefix: int):
+    """Every whole window of the profile's length (`own` tokens, the tokenizer's `prefix` tokens first) cut from the
+    selection's longer windows: 4x the text of their first tokens alone for the factor at the profile's length."""
+    import torch
+
+    body = own - prefix
+    per = (ids.shape[1] - prefix) // body if body > 0 else 0
+    chunks = [torch.cat([ids[:, :prefix], ids[:, prefix + j * body:prefix + (j + 1) * body]], dim=1)
+              for j in range(per)]
+    return torch.cat(chunks, dim=0) if chunks else ids[:, :own]
+
+
+def _joint_factors(model, ids, layers, best: dict, profile, own: int, reads: str, prefix: int):
+    """({tokens: measured / per-layer sum}, {tokens: windows}) for the chosen candidate: at the selection's length
+    (already measured) and at the profile's, on every profile-length chunk of the same windows (text validate never
+    reads; one 2-window measurement at that length erred by up to 1.6x on Gemma). Empty where the profile lacks a
+    cell."""
+    from .pricing import priced_at
+    from ..validation.validate import measure, predicted_damage
+
+    out, windows = {}, {}
+    if best["predicted_kl_here"] > 0:
+        out[str(ids.shape[1])], windows[str(ids.shape[1])] = round(best["measured_kl"] / best["predicted_kl_here"], 4), \
+            int(ids.shape[0])
+    if ids.shape[1] > own:
+        pred = predicted_damage(priced_at(profile.table, profile.meta.get("reads", "streaming"), own, own), layers)
+        chunks = short_chunks(ids, own, prefix)
+        kl = measure(model, chunks, {"chosen": layers}, reads=reads)["chosen"]["kl"]
+        if pred > 0:
+            out[str(own)], windows[str(own)] = round(kl / pred, 4), int(chunks.shape[0])
+    keep = {n for n, f in out.items() if f == f}  # NaN: a cell it lacks
+    order = sorted(keep, key=int)
+    return {n: out[n] for n in order}, {n: windows[n] for n in order}
