@@ -40,7 +40,7 @@ def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: s
         raise SensprofError(f"--windows {windows} is too few; use at least 1, or leave --windows out for as many as "
                             "profiled")
     check_select_args(select_measured, select_seq_len, target)
-    from .validate import read_select_text
+    from ..validation.validate import read_select_text
 
     user_text = read_select_text(profile_dir, select_text, select_measured)  # before any plan or the model
     values = parse_list(avg_bits, "--avg-bits", float, "3,4,6")

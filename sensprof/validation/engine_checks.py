@@ -69,8 +69,8 @@ def vllm_cpu_asym_run(model_id: str, model, skip=(), swap: bool = False) -> Engi
     """A per-layer plan for sensprof's vLLM plugin with Keys and Values in their own formats (ASYM_CYCLE in turn,
     `skip` layers auto), emulated with the schemes the per-layer target prices each with; swap: K and V schemes
     exchanged in the emulation (a wrong one; the engine serves the plan as named)."""
-    from .planner import per_layer_engine
-    from .targets import get_target
+    from ..planning.planner import per_layer_engine
+    from ..targets import get_target
 
     by_flag = {d.flag_value: d for d in get_target("vllm", "cpu", per_layer=True).dtypes}
     base = uniform_plan(model_id, model, "none", "none")

@@ -245,7 +245,7 @@ def read_user_text(profile_digest: str | None, files: list[str], flag: str = "--
     in one line when missing, empty, binary or bad JSONL), refused too when it is the profile's own text
     (`profile_digest`) or the text the plan was chosen on (`chosen_digest`): before the model loads, except for
     chats, which need its chat template (user_windows checks those). Returns the data.Text."""
-    from .data import read_texts
+    from ..data import read_texts
 
     text = read_texts([files] if isinstance(files, str) else list(files), flag)
     if not text.has_chats:
@@ -260,7 +260,7 @@ def read_select_text(profile_dir: str, files: list[str] | None, windows: int):
     if not windows:
         raise SensprofError("--select-text is the text --select-measured chooses on, and --select-measured is 0; "
                             "pass --select-measured N, or drop --select-text")
-    from .table import load_meta
+    from ..profiling.table import load_meta
 
     return read_user_text(load_meta(profile_dir)["settings"].get("text_digest"), files, "--select-text")
 

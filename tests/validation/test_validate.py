@@ -526,7 +526,7 @@ def test_profile_and_validate_on_a_folder_of_chats(tiny_model_dir, tmp_path, cap
     validate's CSV names the user's text and its one digest; a chat file for a model without a chat template, or the
     profile's own chats as --text, are one line each."""
     from sensprof.data import load_text, text_digest
-    from sensprof.table import load_meta
+    from sensprof.profiling.table import load_meta
 
     monkeypatch.chdir(tmp_path)  # the profile's recorded text lies under the current folder
     tok, chat_model = _chat_model_dir(tiny_model_dir, tmp_path)
