@@ -6,7 +6,7 @@
 #   vllm target (every vLLM 0.33 dtype on Hopper, vLLM's boundary layers kept): 4.5 (the least any dtype fits in), 5, 6 and 8 bits, from
 #   `sensprof profile --target vllm` (profiles/smollm2-135m-vllm);
 #   vllm on its CPU backend (--vllm-gpu cpu): 8 and 9 bits, each run in vLLM itself beside sensprof's emulation
-#   (`sensprof validate --engine vllm`);
+#   (`sensprof validate --engine vllm`), and per layer through sensprof's vLLM plugin at 6 and 8 bits;
 #   llama.cpp: 6 bits, checked in llama.cpp itself (`sensprof validate --engine llamacpp`);
 #   Gemma 3 270M (the second real model, where its package is installed): sensprof target, 4 and 5 bits, and vllm at
 #   6 bits, each chosen by measurement (--select-measured 2).
@@ -37,6 +37,14 @@ for bits in 8 9; do
   sensprof validate "$plan" --engine vllm > "${plan%.json}.engine-vllm.txt"
   echo "== $plan"; cat "${plan%.json}.engine-vllm.txt"
 done
+# ... and per layer through sensprof's vLLM plugin (each layer auto, fp8, or its K and V in their own formats), chosen
+# by measurement (the default --select-measured), then what it buys in the engine against vLLM's own configurations
+for bits in 6 8; do
+  plan="plans/smollm2-135m-vllm-cpu-per-layer-${bits}bits.json"
+  sensprof plan "$cprofile" --target vllm --vllm-gpu cpu --per-layer --avg-bits "$bits" --out "$plan" > /dev/null
+  sensprof export "$plan" --format vllm > "${plan%.json}.vllm.txt"
+done
+python benchmarks/vllm_per_layer_value.py "$cprofile" --avg-bits 6,8,10 --seq-len 1024
 # llama.cpp (llama-cpp-python, CPU): planned for it and checked in the running engine
 lprofile=profiles/smollm2-135m-llamacpp
 sensprof profile --model smollm2-135m --target llamacpp --out "$lprofile" --quiet

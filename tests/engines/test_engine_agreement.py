@@ -22,11 +22,18 @@ from sensprof.validation.engine_checks import llamacpp_runs, vllm_cpu_asym_run, 
 from sensprof.engines.run.python import find_engine_python
 from sensprof.models import load_model
 from sensprof.profiling.profile import kv_absmax
+from sensprof.artifacts import load_plan
 from sensprof.validation.validate_engine import (LLAMACPP_DRAWS, VLLM_DRAWS, agreement, agreement_rows, cpu_has_fp8,
-                                      emulated_damage, engine_gguf, engine_measurements)
+                                      emulated_damage, engine_gguf, engine_measurements, vllm_run)
 
 pytestmark = [pytest.mark.slow, pytest.mark.engines]
 SKIP = (1, 10, 19)  # the default model's fragile layers (docs/measurements.md), kept unquantized
+# made by `sensprof plan PROFILE --target vllm --vllm-gpu cpu --per-layer --avg-bits 8` (plans/README.md)
+PLANNED = os.path.join(os.path.dirname(__file__), "..", "..", "plans", "smollm2-135m-vllm-cpu-per-layer-8bits.json")
+
+
+def by_name(rows):
+    return {r["config"]: r for r in rows}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +75,8 @@ def test_vllm_cpu_backend_agrees_with_the_emulation(smollm2, windows, absmax, tm
     # every dtype alone, with and without the fragile layers, a per-layer mix served by sensprof's vLLM plugin, and
     # a per-layer plan with Keys and Values in their own formats (the plugin's backend)
     runs = vllm_cpu_runs("smollm2-135m", smollm2.model, absmax, SKIP) + [
-        vllm_cpu_mixed_run("smollm2-135m", smollm2.model, SKIP), vllm_cpu_asym_run("smollm2-135m", smollm2.model, SKIP)]
+        vllm_cpu_mixed_run("smollm2-135m", smollm2.model, SKIP), vllm_cpu_asym_run("smollm2-135m", smollm2.model, SKIP),
+        vllm_run(load_plan(PLANNED), "cpu", "planned per-layer")]  # as `sensprof plan --per-layer` made it
     temp_before = set(os.listdir(tempfile.gettempdir()))
     eng = engine_measurements("vllm", engine, smollm2, windows, runs, str(tmp_path / "vllm.log"))
     left = {n for n in set(os.listdir(tempfile.gettempdir())) - temp_before if n.startswith(("vllm", "sensprof"))}
@@ -76,16 +84,20 @@ def test_vllm_cpu_backend_agrees_with_the_emulation(smollm2, windows, absmax, tm
     emu = emulated_damage(smollm2, windows, runs)
     rows = agreement_rows(engine, runs, windows, eng, emu)
     assert [r["config"] for r in rows] == [r.name for r in runs[1:]] == [
-        "fp8", "fp8 skip", "fp8 cal", "fp8 cal skip", "fp8_e5m2", "fp8_e5m2 skip", "per-layer mix", "per-layer K/V"]
+        "fp8", "fp8 skip", "fp8 cal", "fp8 cal skip", "fp8_e5m2", "fp8_e5m2 skip", "per-layer mix", "per-layer K/V",
+        "planned per-layer"]
     _check(rows)  # the per-layer plans were judged only after vLLM said it built every layer as planned
-    assert all(r["emulation_draws"] == VLLM_DRAWS and r["family"] == 8 for r in rows)
+    assert all(r["emulation_draws"] == VLLM_DRAWS and r["family"] == 9 for r in rows)
+    # the planner's 8-bit per-layer plan (K fp8 or auto beside KIVI values) against vLLM's best dtype of that memory
+    assert by_name(rows)["planned per-layer"]["engine_kl"] < 0.7 * min(by_name(rows)[c]["engine_kl"]
+                                                                      for c in ("fp8", "fp8 cal", "fp8_e5m2"))
     # vLLM's CPU baseline in float32 is sensprof's within float noise, so the per-token correlation was demanded
     assert all(r["corr_applies"] for r in rows)
     # skipping the fragile layers helps in the engine too
     by = {r["config"]: r for r in rows}
     assert by["fp8 skip"]["engine_kl"] < by["fp8"]["engine_kl"]
     # the bounds still catch a real disagreement: emulated with the GPUs' round-to-nearest (the K/V plan: with its K
-    # and V formats exchanged), every row fails
+    # and V formats exchanged), every row fails (the planned plan, judged above, is left out here)
     wrong_runs = vllm_cpu_runs("smollm2-135m", smollm2.model, absmax, SKIP, round_to_nearest=True) + [
         vllm_cpu_mixed_run("smollm2-135m", smollm2.model, SKIP, round_to_nearest=True),
         vllm_cpu_asym_run("smollm2-135m", smollm2.model, SKIP, swap=True)]

@@ -1,0 +1,110 @@
+"""What a per-layer vLLM plan (sensprof's plugin) buys, measured in vLLM's CPU backend itself: for each budget, the
+per-layer plan (`plan --per-layer`: each layer auto, fp8 or its K and V in their own formats), the one-dtype +
+skipped-layers plan of the same budget (what vLLM takes without the plugin), and every single vLLM dtype that fits
+(fp8 e4m3, e4m3 with checkpoint scales, e5m2 on every layer), all served by the engine on the same unseen windows,
+read as vLLM reads (every token quantized, the current one too).
+
+    python benchmarks/vllm_per_layer_value.py PROFILE --avg-bits 6,8,10 --seq-len 1024 [--windows 2] [--out F.csv]
+
+PROFILE: a `sensprof profile --target vllm --vllm-gpu cpu` profile (it measures the KIVI values the pairs use).
+Needs vLLM's CPU environment with sensprof's plugin (tools/engines/install.sh). Plans are made by predicted damage
+(--select-measured 0), so that this script, not the plan's own selection, does the measuring. Prints one row per
+configuration and, per budget, the per-layer plan's engine KL over the best single dtype's and over the one-dtype
+plan's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import torch
+
+from sensprof import api
+from sensprof.artifacts import load_plan
+from sensprof.data import load_windows
+from sensprof.engines.run.python import find_engine_python
+from sensprof.errors import SensprofError
+from sensprof.models import fingerprint, load_model
+from sensprof.profiling.profile import kv_absmax
+from sensprof.validation.engine_checks import vllm_cpu_runs
+from sensprof.validation.validate_engine import VLLM_BASELINE, engine_measurements, vllm_run
+
+SINGLE_BITS = 8.0  # every dtype vLLM's CPU backend runs on every layer stores 8 bits an element
+
+
+def _plan(profile: str, bits: float, per_layer: bool, out: str):
+    try:
+        api.plan(profile, avg_bits=bits, target="vllm", vllm_gpu="cpu", per_layer=per_layer, select_measured=0,
+                 out=out, log=lambda *a, **k: None)
+    except SensprofError as e:  # a budget below every one-dtype plan's smallest
+        print(f"# {bits:g} bits, {'per-layer' if per_layer else 'one dtype + skip'}: {e}")
+        return None
+    return load_plan(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("profile")
+    ap.add_argument("--avg-bits", default="6,8,10")
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--windows", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=11, help="window seed (the profile's windows are seed 0)")
+    ap.add_argument("--out", default=None, help="also write the rows to this CSV")
+    args = ap.parse_args()
+    t0 = time.time()
+    torch.set_grad_enabled(False)
+    work = tempfile.mkdtemp(prefix="sensprof-value-")
+    budgets = [float(b) for b in args.avg_bits.split(",")]
+    plans = {}
+    for b in budgets:
+        for per_layer in (True, False):
+            p = _plan(args.profile, b, per_layer, os.path.join(work, f"{b:g}-{per_layer}.json"))
+            if p is not None:
+                plans[(b, per_layer)] = p
+    any_plan = next(iter(plans.values()))
+    loaded = load_model(any_plan.model_id, device="cpu", dtype="float32")
+    any_plan.check_model(fingerprint(loaded.model), any_plan.model_id)
+    ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=args.seq_len, windows=args.windows, seed=args.seed)
+    cal, _, _ = load_windows(loaded.tokenizer, None, seq_len=256, windows=2, seed=0)
+    singles = vllm_cpu_runs(any_plan.model_id, loaded.model, kv_absmax(loaded.model, cal))[1:]
+    runs = [VLLM_BASELINE, *singles]
+    for (b, per_layer), p in plans.items():
+        runs.append(vllm_run(p, "cpu", f"{b:g} bits {'per-layer' if per_layer else 'one dtype + skip'}"))
+    eng = engine_measurements("vllm", find_engine_python("vllm"), loaded, ids, runs,
+                              os.path.join(work, "vllm.log"))
+    kl = {r.name: float(eng[r.name].kl.mean()) for r in runs[1:]}
+    rows = []
+    for r in runs[1:]:
+        bits = SINGLE_BITS if r in singles else r.plan.predicted.avg_bits
+        dtypes = r.plan.layer_dtypes
+        rows.append({"config": r.name, "avg_bits": bits, "engine_kl": kl[r.name],
+                     "layers": " ".join(dtypes) if dtypes else r.plan.engine.kv_cache_dtype +
+                     (f" skip {list(r.plan.engine.skip_layers)}" if r.plan.engine.skip_layers else "")})
+    print(f"{any_plan.model_id}, {args.windows} x {args.seq_len} tokens (seed {args.seed}), vLLM's CPU backend, "
+          f"every token read from the cache")
+    print("| config | bits/element | engine KL |")
+    print("|---|---|---|")
+    for r in rows:
+        print(f"| {r['config']} | {r['avg_bits']:.2f} | {r['engine_kl']:.3e} |")
+    best_single = min((kl[r.name], r.name) for r in singles)
+    print("\n| budget | per-layer KL | / best single dtype | / one dtype + skip |")
+    print("|---|---|---|---|")
+    for b in budgets:
+        per = kl.get(f"{b:g} bits per-layer")
+        one = kl.get(f"{b:g} bits one dtype + skip")
+        if per is None:
+            continue
+        single = f"{per / best_single[0]:.2f} ({best_single[1]})" if b >= SINGLE_BITS else "none fits"
+        print(f"| {b:g} | {per:.3e} | {single} | {f'{per / one:.2f}' if one else 'none fits'} |")
+    if args.out:
+        import pandas as pd
+
+        pd.DataFrame(rows).to_csv(args.out, index=False)
+    print(f"{time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
