@@ -14,7 +14,7 @@ import torch
 
 from conftest import make_tiny_model, one_error_line, run_cli
 from sensprof.artifacts import LlamacppSettings, Plan, VllmSettings
-from sensprof.engines.run.process import last_error, run_job
+from sensprof.engines.run.process import failure_reason, last_error, run_job
 from sensprof.engines.run.python import find_engine_python
 from sensprof.errors import SensprofError
 from sensprof.models import fingerprint
@@ -172,6 +172,17 @@ def test_an_engine_crash_is_one_line_with_the_engines_own_error(tmp_path):
     with pytest.raises(SensprofError, match=r"vllm failed: .*No module named 'vllm'.*its full log: .*engine.log") as e:
         run_job("vllm", sys.executable, job, str(tmp_path), str(log))
     assert "\n" not in str(e.value) and "Traceback" in log.read_text()
+
+
+def test_a_killed_engine_is_said_to_be_killed_not_quoted_by_its_last_info_line():
+    """A runner killed by a signal, whose output holds no error (vLLM's INFO lines came last), is reported as killed,
+    without quoting an INFO line as the error; an error line or the runner's own error is still quoted."""
+    info = "(MainProcess pid=1) INFO 12-03 18:00:00 [core.py:1] init engine (profile, create kv cache) took 2.23 s\n"
+    assert failure_reason(info, [], -9) == "the process was killed by signal 9"
+    assert failure_reason(info + "RuntimeError: out of memory\n", [], -9) == \
+        "the process was killed by signal 9 after: RuntimeError: out of memory"
+    assert failure_reason(info, ["ValueError: bad plan"], 1) == "ValueError: bad plan"
+    assert failure_reason(info, [], 1) == info.strip()  # no error line: the last line, as before
 
 
 def test_last_error_picks_the_exception_line():

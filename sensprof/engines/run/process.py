@@ -21,15 +21,33 @@ _ERROR_LINE = re.compile(r"(Error|Exception|error:|Killed|Segmentation fault|out
 _WARNING_LINE = re.compile(r"warn", re.I)
 
 
-def last_error(text: str) -> str:
-    """The line of an engine's output that says what went wrong: its last exception line, else its last line that
-    speaks of an error and is no warning, else its last line."""
+def _error_line(text: str) -> str | None:
+    """The engine output's last exception line, else its last line that speaks of an error and is no warning."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     exceptions = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
     errors = [ln for ln in lines if _ERROR_LINE.search(ln) and not _WARNING_LINE.search(ln)
               and not ln.startswith(("File ", "Traceback"))]
-    line = (exceptions or errors or lines or ["(no output)"])[-1]
-    return line if len(line) <= 400 else line[:397] + "..."
+    line = (exceptions or errors or [None])[-1]
+    return line if line is None or len(line) <= 400 else line[:397] + "..."
+
+
+def last_error(text: str) -> str:
+    """The line of an engine's output that says what went wrong: its last exception line, else its last line that
+    speaks of an error and is no warning, else its last line."""
+    found = _error_line(text)
+    if found is not None:
+        return found
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or ["(no output)"]
+    return lines[-1] if len(lines[-1]) <= 400 else lines[-1][:397] + "..."
+
+
+def failure_reason(text: str, errors: list[str], returncode: int) -> str:
+    """Why an engine run failed: the error its runner wrote, else its output's error line; a run killed by a signal
+    says so, quoting an error line only where there is one (not a progress or INFO line that merely came last)."""
+    found = errors[-1] if errors else _error_line(text)
+    if returncode < 0:
+        return f"the process was killed by signal {-returncode}" + (f" after: {found}" if found else "")
+    return found or last_error(text)
 
 
 def run_job(engine: str, python: str, job: dict, workdir: str, log_path: str, timeout: float | None = None) -> None:
@@ -52,9 +70,7 @@ def run_job(engine: str, python: str, job: dict, workdir: str, log_path: str, ti
         with open(run_log, errors="replace") as f:
             text = f.read()
         atomic_write_text(log_path, text)
-        why = errors[-1] if errors else last_error(text)
-        if returncode < 0:
-            why = f"{why} (the process was killed by signal {-returncode})"
+        why = failure_reason(text, errors, returncode)
         raise SensprofError(f"{engine} failed: {why}; its full log: {log_path}")
 
 
