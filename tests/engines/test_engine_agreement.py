@@ -61,8 +61,8 @@ def _check(rows):
                       f"(x{r['kl_ratio']:.2f} +- {r['kl_ratio_se']:.2f}, bound {r['kl_bound']:.2f}; float32 "
                       f"{r['float_emulated_kl']:.3e}, engine floor {r['engine_floor_kl']:.3e}); dNLL diff "
                       f"{r['dnll_diff']:+.4f} +- {r['dnll_noise']:.4f} (z {r['z']:.2f}; paired SE {r['dnll_diff_se']:.4f}, "
-                      f"draws' SD {r['emulated_dnll_draw_sd']:.4f}); corr {r['dnll_corr']:.2f} (applies: "
-                      f"{r['corr_applies']}) -> {'agrees' if r['agrees'] else 'DISAGREES'}" for r in rows)
+                      f"draws' SD {r['emulated_dnll_draw_sd']:.4f}); corr {r['dnll_corr']:.2f} "
+                      f"(floor {r['corr_floor']:.2f}; applies: {r['corr_applies']}) -> {'agrees' if r['agrees'] else 'DISAGREES'}" for r in rows)
     print(table)
     assert not bad, "the emulation disagrees with the engine:\n" + table
     return table

@@ -15,6 +15,7 @@ import torch
 from conftest import make_tiny_model, one_error_line, run_cli
 from sensprof.artifacts import LlamacppSettings, Plan, VllmSettings
 from sensprof.engines.run.process import failure_reason, last_error, run_job
+from sensprof.validation.validate_engine import expected_corr
 from sensprof.engines.run.python import find_engine_python
 from sensprof.errors import SensprofError
 from sensprof.models import fingerprint
@@ -424,3 +425,33 @@ def test_a_per_layer_plan_is_judged_only_as_vllm_built_it(model):
                                             "plugin"):
         check_served_dtypes(run, [{"kv_cache_dtype": "fp8_e4m3"}] * 3)
     check_served_dtypes(vllm_run(vllm_plan(model), "cpu"), [])  # a one-dtype plan: nothing to check
+
+
+def test_the_correlation_demanded_is_what_the_numerics_allow():
+    """Per-token signal S, a draw's noise of variance v: the engine is one draw, the emulation the mean of 4. The
+    correlation expected_corr predicts is the one such a pair shows; a strong signal is held to MIN_CORR, a weak one
+    (small damage beside the noise) to what its noise allows, and an engine that follows another signal still fails."""
+    import torch
+
+    from sensprof.validation.validate_engine import CORR_SLACK, MIN_CORR, TokenDamage, agreement
+
+    g = torch.Generator().manual_seed(0)
+    n, draws = 4000, 4
+    for signal_sd, noise_sd in ((1.0, 0.1), (0.1, 0.08)):
+        s = torch.randn(n, generator=g) * signal_sd
+        each = torch.stack([s + torch.randn(n, generator=g) * noise_sd for _ in range(draws)])
+        engine = s + torch.randn(n, generator=g) * noise_sd
+        emulated = each.mean(0)
+        want = float(torch.corrcoef(torch.stack([engine, emulated]))[0, 1])
+        got = expected_corr(emulated, each.var(0), draws)
+        assert got == pytest.approx(want, abs=0.02)
+        base = torch.zeros(1, n + 1)
+        kl = torch.full((1, n), 0.01)
+        emu = TokenDamage(kl, emulated.reshape(1, n), base, draws_kl=(0.01,) * draws,
+                          draws_dnll=tuple(float(d.mean()) for d in each), draws_dnll_var=each.var(0).reshape(1, n))
+        row = agreement(TokenDamage(kl, engine.reshape(1, n), base), emu)
+        assert row["corr_applies"] and row["corr_agrees"]
+        assert row["corr_floor"] == (MIN_CORR if signal_sd == 1.0 else pytest.approx(got - CORR_SLACK))
+        other = torch.randn(n, generator=g) * signal_sd  # an engine whose per-token damage is another's
+        assert not agreement(TokenDamage(kl, other.reshape(1, n), base), emu)["corr_agrees"]
+    assert expected_corr(emulated, None, 1) != expected_corr(emulated, None, 1)  # NaN without draws
