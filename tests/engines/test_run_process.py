@@ -27,6 +27,9 @@ if not ENDS:
 DRIVER = """
 import signal, sys
 from sensprof.engines.run.process import run_job
+# Ctrl-C raises KeyboardInterrupt even where the suite runs as a background job (whose shell leaves SIGINT ignored,
+# and an ignored signal stays ignored in every child: then nothing would end the driver)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 if sys.argv[4] == "cli":
     def terminated(signum, frame):
         raise SystemExit(2)
@@ -60,21 +63,27 @@ def test_nothing_of_the_engine_survives_sensprof(tmp_path, how):
     engine.chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
+    errors = open(tmp_path / "driver.err", "wb")  # kept for the failure message
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(engine), str(work), str(tmp_path / "e.log"),
-                               "cli" if how == "SIGTERM" else "plain"], stderr=subprocess.DEVNULL)
+                               "cli" if how == "SIGTERM" else "plain"], stderr=errors)
     try:
         assert _wait_for(lambda: (work / "pids").exists() and (work / "pids").read_text().count(" ") == 1)
         pids = [int(x) for x in (work / "pids").read_text().split()]
         time.sleep(1.5)  # the reaper has seen the child
         assert all(_alive(p) for p in pids)
         driver.send_signal({"kill -9": signal.SIGKILL, "SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}[how])
-        driver.wait(timeout=60)
+        try:
+            driver.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"sensprof did not end within 60 s of {how}; its stderr: "
+                        f"{(tmp_path / 'driver.err').read_text(errors='replace')[-2000:]!r}")
         assert _wait_for(lambda: not any(_alive(p) for p in pids)), f"left running after {how}: {pids}"
         if how == "kill -9":  # nobody else will remove the job's folder: the reaper does
             assert _wait_for(lambda: not work.exists())
     finally:
         if driver.poll() is None:
             driver.kill()
+        errors.close()
         for p in [int(x) for x in (work / "pids").read_text().split()] if (work / "pids").exists() else []:
             with __import__("contextlib").suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
