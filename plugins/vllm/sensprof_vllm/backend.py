@@ -5,7 +5,7 @@ layer's cache as a [blocks, kv_heads, block_size, bytes] uint8 view: customize_s
 one (state_content_bytes = K's bytes + V's bytes per token-head; formats.py), so vLLM's own allocator sizes and
 places the page. The cache update writes each new token's K and V codes at its slot; attention reads back every
 cached token of a request (the current step's included, as vLLM reads its own caches), decodes it to float32 and
-attends causally with the layer's scale, soft cap and GQA head mapping. One class per (K, V) pair, made once and
+attends causally (within the layer's sliding window, if any) with the layer's scale, soft cap and GQA head mapping. One class per (K, V) pair, made once and
 kept in this module, because customize_spec sees only the spec.
 """
 
@@ -53,15 +53,17 @@ class SensprofKVImpl(AttentionImpl):
                  **extra):
         from .plan import PlanError
 
-        if alibi_slopes is not None or sliding_window is not None or attn_type != AttentionType.DECODER \
+        if alibi_slopes is not None or attn_type != AttentionType.DECODER \
                 or kv_sharing_target_layer_name is not None or extra.get("sinks") is not None:
-            raise PlanError("a layer with Keys and Values in their own formats must be plain decoder self-attention "
-                            "(no ALiBi, sliding window, sinks or shared KV); re-plan it with one of vLLM's dtypes")
+            raise PlanError("a layer with Keys and Values in their own formats must be decoder self-attention "
+                            "(no ALiBi, sinks or shared KV); re-plan it with one of vLLM's dtypes")
         self.num_heads, self.head_size, self.scale = num_heads, head_size, float(scale)
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
         self.logits_soft_cap = logits_soft_cap or 0.0
-        self.sliding_window = None
+        # a query at p sees keys p - window < k <= p (vLLM's and HF's rule); sliding-window models are refused by
+        # plan.py for now (vLLM pads their pages), the masking was checked on a tiny Gemma 3 (docs/vllm-plugin.md)
+        self.sliding_window = sliding_window
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = None
         self.model_dtype = torch.get_default_dtype()
@@ -94,9 +96,13 @@ class SensprofKVImpl(AttentionImpl):
             t = q1 - q0
             if t <= 0 or s <= 0:
                 continue
+            # the blocks this step's queries see: from the first key of the earliest query's window (vLLM may have
+            # released the blocks before it, their table entries then name the null block)
+            first = 0 if self.sliding_window is None else max(0, s - t - self.sliding_window + 1) // block_size
             nb = -(-s // block_size)
-            pages = kv_cache[m.block_table[i, :nb].long()]  # [nb, H, N, C]
-            pages = pages.permute(1, 0, 2, 3).reshape(heads, nb * block_size, -1)[:, :s]
+            pages = kv_cache[m.block_table[i, first:nb].long()]  # [nb - first, H, N, C]
+            start = first * block_size
+            pages = pages.permute(1, 0, 2, 3).reshape(heads, (nb - first) * block_size, -1)[:, :s - start]
             k = self.key.read(pages[..., :self.key_bytes], d, self.model_dtype).float()  # [H, s, D]
             v = self.value.read(pages[..., self.key_bytes:], d, self.model_dtype).float()
             q = query[q0:q1].float().reshape(t, heads, rep, d).permute(1, 2, 0, 3)  # [H, rep, t, D]
@@ -104,7 +110,11 @@ class SensprofKVImpl(AttentionImpl):
             if self.logits_soft_cap:
                 scores = self.logits_soft_cap * torch.tanh(scores / self.logits_soft_cap)
             pos = torch.arange(s - t, s).unsqueeze(1)
-            scores = scores.masked_fill(torch.arange(s).unsqueeze(0) > pos, float("-inf"))
+            keys = torch.arange(start, s).unsqueeze(0)
+            hidden = keys > pos
+            if self.sliding_window is not None:
+                hidden |= keys <= pos - self.sliding_window
+            scores = scores.masked_fill(hidden, float("-inf"))
             out = torch.matmul(torch.softmax(scores, dim=-1), v.unsqueeze(1))  # [H, rep, t, D]
             output[q0:q1] = out.permute(2, 0, 1, 3).reshape(t, self.num_heads, d).to(output.dtype)
         return output

@@ -245,10 +245,14 @@ def check_model(plan: Plan, fp: dict) -> None:
     if fp.get("hybrid"):
         raise PlanError("hybrid (attention + state-space) models are not supported yet (untested); serve without "
                         "sensprof_plan")
-    types = [t for t in (fp.get("layer_types") or []) if t not in ("full_attention", "attention")]
-    if fp.get("sliding_window") is not None or types:
-        raise PlanError("sliding-window models are not supported yet (untested: vLLM splits their cache into groups); "
-                        "serve without sensprof_plan")
+    types = set(fp.get("layer_types") or []) - {"full_attention", "attention", "sliding_attention"}
+    if types:
+        raise PlanError(f"layer types {', '.join(sorted(types))} are not supported (only full and sliding-window "
+                        "attention); serve without sensprof_plan")
+    if fp.get("sliding_window") is not None or "sliding_attention" in (fp.get("layer_types") or []):
+        raise PlanError("sliding-window models are not supported yet: vLLM pads the pages of their layer groups to "
+                        "one size, so a per-layer plan would take more KV memory than it was priced at; serve without "
+                        "sensprof_plan")
     if fp.get("mla"):
         raise PlanError("MLA models are not supported (their MLAAttention layers do not take the plan); serve "
                         "without sensprof_plan")

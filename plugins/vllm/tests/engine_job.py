@@ -84,10 +84,16 @@ def run_config(c: dict) -> dict:
         core = engine.engine_core.engine_core
         kcc = core.scheduler.kv_cache_config
         block = kcc.kv_cache_groups[0].kv_cache_spec.block_size
+        tokens = {}  # layer -> tokens per block of its group (sliding-window groups may hold more per page)
+        for g in kcc.kv_cache_groups:
+            for name in g.layer_names:
+                tokens[name] = g.kv_cache_spec.block_size
         out["kv"] = {"num_blocks": kcc.num_blocks, "block_size": block,
+                     "block_sizes": [tokens[l] for t in kcc.kv_cache_tensors for l in t.layers],
                      "tensors": [{"size": t.size, "layers": list(t.layers), "block_stride": t.block_stride}
                                  for t in kcc.kv_cache_tensors],
-                     "bytes_per_token": sum(len(t.layers) * t.block_stride for t in kcc.kv_cache_tensors) / block}
+                     "bytes_per_token": sum(t.block_stride / tokens[l] for t in kcc.kv_cache_tensors
+                                            for l in t.layers)}
     preemptions = [0]
     if not c.get("multiprocessing"):
         scheduler = engine.engine_core.engine_core.scheduler
