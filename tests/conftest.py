@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
+
 import pytest
 import torch
 
@@ -140,3 +144,17 @@ def vllm_python():
 @pytest.fixture(scope="session")
 def llamacpp_python():
     return _engine_python("llamacpp")
+
+
+@functools.lru_cache(maxsize=1)
+def plugin_plan_module():
+    """sensprof's vLLM plugin's pure-Python plan reader (plugins/vllm/sensprof_vllm/plan.py), loaded by path once:
+    vLLM is not in sensprof's environment, and the plugin's package is not installed there."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "plugins", "vllm", "sensprof_vllm", "plan.py")
+    spec = importlib.util.spec_from_file_location("sensprof_vllm_plan", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod

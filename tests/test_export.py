@@ -725,17 +725,12 @@ def test_per_layer_kv_pairs_export_the_bytes_the_plugin_allocates(capsys):
     """The planner's per-layer vLLM plan with K/V pairs (plans/smollm2-135m-vllm-cpu-per-layer-8bits.json): the
     `vllm serve` line carries every layer's name as the plugin reads it, and the bytes per token export prints are
     the plugin's own arithmetic for a bf16 model (which the engine test holds equal to vLLM's allocation)."""
-    import importlib.util
     import re
-    import sys
 
-    root = os.path.join(os.path.dirname(__file__), "..")
-    path = os.path.join(root, "plans", "smollm2-135m-vllm-cpu-per-layer-8bits.json")
-    spec = importlib.util.spec_from_file_location("sensprof_vllm_plan_bytes",
-                                                  os.path.join(root, "plugins", "vllm", "sensprof_vllm", "plan.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
+    from conftest import plugin_plan_module
+
+    mod = plugin_plan_module()
+    path = os.path.join(os.path.dirname(__file__), "..", "plans", "smollm2-135m-vllm-cpu-per-layer-8bits.json")
     rc, out, err = run_cli(capsys, "export", path, "--format", "vllm")
     assert rc == 0, err
     argv = shlex.split(next(ln for ln in out.splitlines() if ln.startswith("vllm serve")))

@@ -9,7 +9,7 @@ import types
 import pandas as pd
 import pytest
 
-from conftest import one_error_line, run_cli
+from conftest import one_error_line, plugin_plan_module, run_cli
 from sensprof.cli import main
 from sensprof.targets import profile_menu
 from sensprof.artifacts import load_plan
@@ -160,20 +160,6 @@ def cpu_profile(tiny_model_dir, tmp_path_factory, _one_thread):
     return str(prof)
 
 
-def _plugin_module():
-    """sensprof's vLLM plugin's pure-Python plan reader, loaded by path (vLLM is not in sensprof's environment)."""
-    import importlib.util
-    import os
-    import sys
-
-    path = os.path.join(os.path.dirname(__file__), "..", "plugins", "vllm", "sensprof_vllm", "plan.py")
-    spec = importlib.util.spec_from_file_location("sensprof_vllm_plan_for_export", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_per_layer_plan_for_vllms_cpu_backend_and_its_plugin_line(cpu_profile, capsys, tmp_path):
     """plan --target vllm --vllm-gpu cpu --per-layer: each layer its own dtype among auto / fp8_e4m3 / fp8_e5m2 or a
     K/V pair of the plugin's, within the budget and no worse by prediction than the one-dtype plan of the same budget; export prints the
@@ -211,7 +197,7 @@ def test_per_layer_plan_for_vllms_cpu_backend_and_its_plugin_line(cpu_profile, c
     argv = shlex.split(line)
     config = json.loads(argv[argv.index("--additional-config") + 1])
     assert "sensprof's vLLM plugin" in out
-    mod = _plugin_module()
+    mod = plugin_plan_module()
     parsed = mod.plan_from_additional_config(config)
     assert list(parsed.layers) == list(dtypes)
     model = make_tiny_model("llama")

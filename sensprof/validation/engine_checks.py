@@ -47,17 +47,8 @@ def vllm_cpu_mixed_run(model_id: str, model, skip=(), round_to_nearest: bool = F
     """A per-layer plan for sensprof's vLLM plugin mixing every dtype it serves on the CPU backend: `skip` layers
     auto, the rest fp8_e4m3 and fp8_e5m2 in turn (emulated with the CPU's rounding toward zero, or, as a wrong
     emulation, round to nearest)."""
-    from ..planning.planner import per_layer_engine
-    from ..targets import get_target
-
-    by_flag = {d.flag_value: d for d in get_target("vllm", "cpu", per_layer=True).dtypes}
-    base = uniform_plan(model_id, model, "none", "none")
-    pick = [by_flag["auto" if i in skip else ("fp8_e4m3", "fp8_e5m2")[i % 2]] for i in range(len(base.layers))]
-    settings = engine_settings("vllm", per_layer_engine(pick, "cpu") | {"architecture": type(model).__name__})
-    layers = [dataclasses.replace(p, k_scheme=_rounded(d.k_scheme, round_to_nearest),
-                                  v_scheme=_rounded(d.v_scheme, round_to_nearest)) for p, d in zip(base.layers, pick)]
-    plan = base.replace(target="vllm", engine=settings, layers=layers)
-    return vllm_run(plan, "cpu", "per-layer mix")
+    return _per_layer_run(model_id, model, skip, ("fp8_e4m3", "fp8_e5m2"), "per-layer mix",
+                          lambda d: (_rounded(d.k_scheme, round_to_nearest), _rounded(d.v_scheme, round_to_nearest)))
 
 
 # a per-layer plan whose layers keep K and V in their own formats (the plugin's SENSPROF_KV backend) beside one of
@@ -69,16 +60,23 @@ def vllm_cpu_asym_run(model_id: str, model, skip=(), swap: bool = False) -> Engi
     """A per-layer plan for sensprof's vLLM plugin with Keys and Values in their own formats (ASYM_CYCLE in turn,
     `skip` layers auto), emulated with the schemes the per-layer target prices each with; swap: K and V schemes
     exchanged in the emulation (a wrong one; the engine serves the plan as named)."""
+    return _per_layer_run(model_id, model, skip, ASYM_CYCLE, "per-layer K/V",
+                          lambda d: (d.v_scheme, d.k_scheme) if swap else d.schemes)
+
+
+def _per_layer_run(model_id: str, model, skip, cycle, name: str, emulated) -> EngineRun:
+    """`skip` layers auto, the rest the per-layer target's dtypes named in `cycle` in turn, served as exported and
+    emulated with `emulated(dtype)` -> (K scheme, V scheme)."""
     from ..planning.planner import per_layer_engine
     from ..targets import get_target
 
     by_flag = {d.flag_value: d for d in get_target("vllm", "cpu", per_layer=True).dtypes}
     base = uniform_plan(model_id, model, "none", "none")
-    pick = [by_flag["auto" if i in skip else ASYM_CYCLE[i % len(ASYM_CYCLE)]] for i in range(len(base.layers))]
+    pick = [by_flag["auto" if i in skip else cycle[i % len(cycle)]] for i in range(len(base.layers))]
     settings = engine_settings("vllm", per_layer_engine(pick, "cpu") | {"architecture": type(model).__name__})
-    layers = [dataclasses.replace(p, k_scheme=d.v_scheme if swap else d.k_scheme,
-                                  v_scheme=d.k_scheme if swap else d.v_scheme) for p, d in zip(base.layers, pick)]
-    return vllm_run(base.replace(target="vllm", engine=settings, layers=layers), "cpu", "per-layer K/V")
+    layers = [dataclasses.replace(p, k_scheme=k, v_scheme=v)
+              for p, (k, v) in zip(base.layers, map(emulated, pick))]
+    return vllm_run(base.replace(target="vllm", engine=settings, layers=layers), "cpu", name)
 
 
 def _rounded(scheme: str, round_to_nearest: bool) -> str:

@@ -8,30 +8,21 @@ layer's kv_cache_dtype, its impl's, its backend, its cache tensor; the KV cache 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import subprocess
-import sys
 import tomllib
 
 import pytest
+
+from conftest import plugin_plan_module
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PLUGIN = os.path.join(ROOT, "plugins", "vllm")
 
 
-def _load_plan_module():
-    path = os.path.join(PLUGIN, "sensprof_vllm", "plan.py")
-    spec = importlib.util.spec_from_file_location("sensprof_vllm_plan", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve the module by name
-    spec.loader.exec_module(mod)
-    return mod
-
-
-P = _load_plan_module()
+P = plugin_plan_module()
 MIXED = ["fp8_e5m2", "auto", "fp8_e4m3", "fp8_e5m2"]  # all three CPU dtypes; fp8_e5m2 the most used (the global)
 # Keys and Values in their own formats (the plugin's SENSPROF_KV backend) beside vLLM's own dtypes
 ASYM = ["k:fp8_e4m3/v:int4_t32", "auto", "k:auto/v:int3_t32", "fp8_e5m2"]

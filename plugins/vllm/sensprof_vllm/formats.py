@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .plan import component_fields
+from .plan import component_bytes, component_fields
 
 _FP8 = {"fp8_e4m3": (torch.float8_e4m3fn, 448.0), "fp8_e5m2": (torch.float8_e5m2, 57344.0)}
 
@@ -74,12 +74,8 @@ class Component:
         return Component(name, kind, bits, group)
 
     def nbytes(self, head_size: int, model_dtype: torch.dtype) -> int:
-        """Bytes of one token-head."""
-        if self.kind == "auto":
-            return head_size * torch.empty((), dtype=model_dtype).element_size()
-        if self.kind == "fp8":
-            return head_size
-        return (head_size * self.bits + 7) // 8 + (head_size // self.group_of(head_size)) * 4
+        """Bytes of one token-head (plan.py's arithmetic, which the plan's bytes per token sums)."""
+        return component_bytes(self.name, head_size, torch.empty((), dtype=model_dtype).element_size())
 
     def group_of(self, head_size: int) -> int:
         """Channels per group: a group wider than the head is the whole head (sensprof's fake_quant)."""

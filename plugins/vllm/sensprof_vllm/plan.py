@@ -57,13 +57,13 @@ def is_pair(dtype: str) -> bool:
 
 
 def component_bytes(name: str, head_dim: int, model_itemsize: int) -> int:
-    """Bytes one token-head of this component takes (formats.py Component.nbytes, without torch)."""
+    """Bytes one token-head of this component takes (Component.nbytes in formats.py calls this)."""
     kind, bits, group = component_fields(name)
     if kind == "auto":
         return head_dim * model_itemsize
     if kind == "fp8":
         return head_dim
-    return (head_dim * bits + 7) // 8 + (head_dim // min(group, head_dim)) * 4
+    return (head_dim * bits + 7) // 8 + (head_dim // min(group, head_dim)) * 4  # codes + fp16 scale and minimum
 _TOP_KEYS = {"format", "version", "model", "layers"}
 
 
