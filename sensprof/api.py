@@ -165,12 +165,13 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
          max_num_seqs=None, context_len=None, target="sensprof", objective="kl", robust=0.0, refine=0,
          num_skip=None, vllm_gpu=None, llamacpp_build=None, model=None, device="auto", dtype=None, device_map=None,
          trust_remote_code=False, out=None, log=print, select_measured=None, select_seq_len=None, select_text=None,
-         per_layer=False):
+         per_layer=False, select_uniforms="all"):
     """Solve for each layer's K and V scheme under one budget, then make the final choice among plans and uniform
     configurations by measured KL on `select_measured` unseen windows (sensprof.selection; default
     DEFAULT_SELECT_WINDOWS for the targets that have a choice and no --num-skip, 0: by predicted damage alone); with
-    `out` (a path, or True for the default plans/<model>-<target>-<budget>.json) the plan is written there. Returns
-    (Plan, path or None)."""
+    `out` (a path, or True for the default plans/<model>-<target>-<budget>.json) the plan is written there;
+    `select_uniforms` "all" (every uniform configuration sensprof stores, screened) or "menus". Returns (Plan, path
+    or None)."""
     from .planning.budget import budget_from_args
     from .files import check_writable
     from .planning.plan import make_plan
@@ -201,7 +202,8 @@ def plan(profile_dir: str, *, avg_bits=None, fraction=None, gpu_mem_gib=None, ma
 
         result = select_or_explain(result, profile_dir, budget, select_measured, select_seq_len, defaulted,
                                    device=device, log=log, dtype=dtype, device_map=device_map,
-                                   trust_remote_code=trust_remote_code, model=model, text=user_text)
+                                   trust_remote_code=trust_remote_code, model=model, text=user_text,
+                                   uniform_set=select_uniforms)
     path = None
     if out:
         path = out if isinstance(out, str) else result.default_path()
@@ -284,6 +286,16 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     loaded = load_for_plan(result, model, device, dtype, device_map, trust_remote_code)
     frames = []
     lengths = validation_lengths(result, seq_len, loaded.model)
+    baselines = None
+    if engine is None and result.target == "sensprof":  # every uniform setting it stores in the plan's memory
+        from .validation.baselines import baseline_configs, best_uniforms, plan_cost, screen_length
+        from .validation.validate import plan_reads
+
+        own = int(result.profile.settings.get("seq_len") or lengths[0])
+        short = validation_windows(result, loaded.tokenizer, 1, screen_length(own, max(lengths)), user_text)
+        chosen, _, _ = best_uniforms(loaded.model, short, result, limit=plan_cost(result), reads=plan_reads(result),
+                                     log=log)
+        baselines = baseline_configs(result, chosen)
     for n in lengths:
         if engine is not None:
             from .validation.validate_engine import format_engine_table, validate_with_engine
@@ -295,7 +307,7 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
                 f"unseen windows of {n} tokens:")
             log(format_engine_table(df))
         else:
-            df = validate_plan(result, loaded, windows, n, text=user_text).assign(
+            df = validate_plan(result, loaded, windows, n, text=user_text, baselines=baselines).assign(
                 seq_len=n, **({"text": user_text.name, "text_digest": user_text.digest(loaded.tokenizer)}
                               if user_text else {}))
             where = f"windows of {user_text.name}" if user_text else "unseen windows"

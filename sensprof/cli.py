@@ -65,7 +65,8 @@ def cmd_plan(args) -> int:
                           max_num_seqs=args.max_num_seqs, context_len=args.context_len, target=args.target,
                           objective=args.objective, robust=args.robust, refine=args.refine, num_skip=args.num_skip,
                           select_measured=args.select_measured, select_seq_len=args.select_seq_len,
-                          select_text=args.select_text, per_layer=args.per_layer,
+                          select_text=args.select_text, select_uniforms=args.select_uniforms,
+                          per_layer=args.per_layer,
                           vllm_gpu=args.vllm_gpu, llamacpp_build=args.llamacpp_build, **_model(args),
                           out=args.out or True)
     print(plan.describe())

@@ -153,6 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "and says so (loads the model; default 2, 0 with --num-skip; 0: by predicted damage alone)")
     pl.add_argument("--select-seq-len", type=int, default=None, metavar="T",
                     help="with --select-measured: tokens per window (default 4x the profile's, within --context-len)")
+    pl.add_argument("--select-uniforms", choices=("all", "menus"), default="all",
+                    help="with --select-measured, target sensprof: the uniform configurations a plan must beat: all "
+                         "(default: every one sensprof stores within the budget, each scheme screened alone on one "
+                         "window first; a few dozen short passes) or menus (the profile's menus, by prediction)")
     pl.add_argument("--per-layer", action="store_true",
                     help="vllm --vllm-gpu cpu: each layer its own --kv-cache-dtype (auto, fp8_e4m3, fp8_e5m2), served "
                          "by sensprof's vLLM plugin (plugins/vllm); export prints its --additional-config")

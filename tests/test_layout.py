@@ -25,9 +25,10 @@ LAYERS = [
     ["engines"],  # what serving engines store: catalogs as data (no torch) and emulations; schemes.py asks them
     ["", "schemes", "memory", "scheme_tables", "planning.budget", "planning.pricing", "rope", "rotation", "data", "quant",
      "profiling.screen", "metrics"],
-    ["artifacts", "targets", "planning.planner", "profiling.table", "models", "hub"],
+    ["artifacts", "targets", "planning.planner", "planning.uniforms", "profiling.table", "models", "hub"],
     ["profiling.hooks", "profiling.taps", "profiling.outputs", "profiling.suffix", "planning.plan", "export"],
     ["profiling.profile", "validation.validate", "validation.validate_engine", "validation.engine_checks",
+     "validation.baselines",
      "planning.selection", "planning.refine", "planning.sweep", "summary", "runtime", "evaluate", "report"],
     ["profiling.distributed"],  # sensprof profile --ray: runs sensprof.profiling.profile's cells on Ray workers
     ["api"],

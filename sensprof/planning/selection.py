@@ -2,8 +2,9 @@
 
 The planner's plan is one of several candidates: plans at the same budget from other objectives and robustness
 settings, and the strongest uniform configurations that cost no more memory under the same budget. For target
-`sensprof` those are every layer one K and one V scheme of the profile's menus (the ones the priced profile
-predicts best, and the one that spends the most memory); for `vllm`, whose plans are one dtype plus layers kept
+`sensprof` those are found among every uniform configuration its runtime stores within the budget, the profile's
+menus or not (sensprof.validation.baselines: each scheme alone screened on the first 512 tokens of one of the
+selection's windows, the three best pairs by summed KL); for `vllm`, whose plans are one dtype plus layers kept
 unquantized, each vLLM dtype alone (with only the boundary layers vLLM itself keeps). Targets that take one type
 for every layer (SGLang, llama.cpp) have nothing to choose between. Each is measured with every layer quantized at
 once, read as the target reads its cache, on N windows of the profile's text that the profile did not use, at a longer length than the profile's
@@ -16,6 +17,7 @@ candidate with the lowest measured KL is the plan; if it is a uniform configurat
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from ..errors import SensprofError
@@ -24,6 +26,7 @@ from ..artifacts import Plan
 from ..schemes import get_scheme
 
 SELECT_SEED_OFFSET = 2  # the profile's windows use its seed, validate's seed + 1, these seed + 2
+UNIFORM_CHOICES = ("all", "menus")  # --select-uniforms: every configuration sensprof stores, or the menus'
 UNIFORM_CANDIDATES = 3  # uniform configurations the priced profile predicts best (plus the richest one)
 SELECTABLE = ("sensprof", "vllm")  # targets whose plans can differ from a uniform setting
 DEFAULT_SELECT_WINDOWS = 2  # plan's default: a plan is never kept on its prediction alone
@@ -120,9 +123,20 @@ def engine_uniform_plans(profile, problem, tgt, budget, objective: str, pricing,
     return out
 
 
+def _finite(x: float) -> float | None:
+    """A number for the plan file (which holds no NaN): None where the profile cannot predict it."""
+    return x if math.isfinite(x) else None
+
+
+def _cell(problem, layer: int, tensor: str, scheme: str, missing: float = math.nan) -> float:
+    """The profile's damage for a cell, `missing` where the profile did not measure that scheme (a uniform baseline
+    from outside its menus)."""
+    return 0.0 if scheme == "none" else problem.damage.get((layer, tensor, scheme), missing)
+
+
 def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len: int | None = None,
                     device: str = "auto", log=print, dtype=None, device_map=None, trust_remote_code=False,
-                    model: str | None = None, loaded=None, text=None) -> Plan:
+                    model: str | None = None, loaded=None, text=None, uniform_set: str = "all") -> Plan:
     """The final choice by measured KL on `windows` unseen windows of the profile's text (or of `text`, the
     user's: validate.read_user_text's data.Text)."""
     from ..data import bos_prefix
@@ -180,9 +194,21 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     tgt = get_target(plan.target, gpu, None, {layer["head_dim"] for layer in meta["layers"]})
     table, pricing_used = priced_table(profile, plan.target, tgt, pricing.get("context_len") or budget.context_len)
     problem = problem_from_table(table, meta["layers"], "kl")
-    if plan.target == "sensprof":
+    screened = None
+    if uniform_set not in UNIFORM_CHOICES:
+        raise SensprofError(f"--select-uniforms {uniform_set!r}: choose {' or '.join(UNIFORM_CHOICES)}")
+    if plan.target == "sensprof" and uniform_set == "menus":
         uniforms = uniform_candidates(problem, budget, meta["layers"])
         uniform_layers = {name: layer_choices(plan, pair) for name, pair in uniforms.items()}
+    elif plan.target == "sensprof":  # every uniform configuration it stores within the budget, screened by measurement
+        from ..validation.baselines import best_uniforms, screen_length
+
+        short = ids[:1, :screen_length(own, int(ids.shape[1]))]
+        chosen_uniforms, k_screen, v_screen = best_uniforms(loaded.model, short, plan, budget, reads=plan_reads(plan),
+                                                            log=log)
+        uniforms = {c.name: (c.k, c.v) for c in chosen_uniforms}
+        uniform_layers = {name: layer_choices(plan, pair) for name, pair in uniforms.items()}
+        screened = {"tokens": int(short.shape[1]), "k": k_screen, "v": v_screen}
     else:  # each engine dtype alone is itself a plan (its engine settings included)
         uniforms = engine_uniform_plans(profile, problem, tgt, budget, plan.objective, pricing_used, table)
         uniform_layers = {name: list(p.layers) for name, p in uniforms.items()}
@@ -198,20 +224,25 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     at_len = priced_at(profile.table, meta.get("reads", "streaming"), own, int(ids.shape[1]), meta["layers"])
     rows = []
     for name, layers in configs.items():
-        pred = sum(problem.cell(p.layer, "K", p.k_scheme) if p.k_scheme != "none" else 0.0 for p in layers) + \
-            sum(problem.cell(p.layer, "V", p.v_scheme) if p.v_scheme != "none" else 0.0 for p in layers)
+        pred = sum(_cell(problem, p.layer, "K", p.k_scheme) + _cell(problem, p.layer, "V", p.v_scheme) for p in layers)
         here = predicted_damage(at_len, layers, "kl")  # the per-layer sum priced at the windows' own length
+        if not math.isfinite(pred) and name in uniforms:  # outside the profile: its schemes' screens summed
+            pred = here = screened["k"].get(uniforms[name][0], 0.0) + screened["v"].get(uniforms[name][1], 0.0)
         cost = sum(budget.cost(get_scheme(p.k_scheme), info) + budget.cost(get_scheme(p.v_scheme), info)
                    for p, info in zip(layers, meta["layers"]))
-        rows.append({"name": name, "uniform": name in uniforms, "predicted_kl": pred, "predicted_kl_here": here,
+        rows.append({"name": name, "uniform": name in uniforms, "predicted_kl": _finite(pred),
+                     "predicted_kl_here": _finite(here),
                      "measured_kl": measured[name]["kl"], "budget_used": cost})
-        log(f"  {name:<40} predicted {here:.3e}  measured {measured[name]['kl']:.3e}")
+        log(f"  {name:<40} predicted {here:.3e}  measured {measured[name]['kl']:.3e}" if math.isfinite(here) else
+            f"  {name:<40} predicted (outside the profile)  measured {measured[name]['kl']:.3e}")
     best = min(rows, key=lambda r: r["measured_kl"])
     joint, joint_windows = _joint_factors(loaded.model, ids, configs[best["name"]], best, profile, own, reads,
                                           len(bos_prefix(loaded.tokenizer)))
     record = {"windows": int(ids.shape[0]), "seq_len": int(ids.shape[1]), "seed": meta["settings"]["seed"]
               + SELECT_SEED_OFFSET, "window_slots": list(slots), "reads": reads, "candidates": rows,
               "chosen": best["name"], "uniform_won": bool(best["uniform"])}
+    if screened:  # what each uniform scheme alone measured: the baselines' ranking
+        record["uniform_screen"] = screened
     if text is not None:  # the user's text chose the plan: which, and that validate's windows need not avoid it
         record |= {"text": text.name, "text_files": list(text.files), "text_digest": text.digest(loaded.tokenizer)}
     if best["uniform"] and plan.target != "sensprof":
@@ -220,9 +251,10 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
             f"{min(r['measured_kl'] for r in rows if not r['uniform']):.3e}): the plan is that dtype")
     elif best["uniform"]:
         k, v = uniforms[best["name"]]
-        chosen = plan.replace(layers=tuple(dataclasses.replace(
-            p, k_scheme=k, v_scheme=v, k_damage=problem.cell(p.layer, "K", k), v_damage=problem.cell(p.layer, "V", v))
-            for p in plan.layers))
+        n_layers, screen = len(plan.layers), screened or {"k": {}, "v": {}}
+        chosen = plan.replace(layers=tuple(dataclasses.replace(  # a scheme outside the profile: its screen, per layer
+            p, k_scheme=k, v_scheme=v, k_damage=_cell(problem, p.layer, "K", k, screen["k"].get(k, 0.0) / n_layers),
+            v_damage=_cell(problem, p.layer, "V", v, screen["v"].get(v, 0.0) / n_layers)) for p in plan.layers))
         from .plan import held_avg_bits, predicted_summary
 
         at = plan.predicted.context_len
@@ -269,7 +301,7 @@ def _joint_factors(model, ids, layers, best: dict, profile, own: int, reads: str
     from ..validation.validate import measure, predicted_damage
 
     out, windows = {}, {}
-    if best["predicted_kl_here"] > 0:
+    if (best["predicted_kl_here"] or 0) > 0:
         out[str(ids.shape[1])], windows[str(ids.shape[1])] = round(best["measured_kl"] / best["predicted_kl_here"], 4), \
             int(ids.shape[0])
     if ids.shape[1] > own:

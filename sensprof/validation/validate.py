@@ -311,12 +311,17 @@ def _refuse_profile_overlap(plan: Plan, tokenizer, text: str, name: str, flag: s
                             "profiled on; pass text the profile did not see")
 
 
-def validate_plan(plan: Plan, loaded, windows=None, seq_len=None, progress=None, text=None):
-    """Measured table of the plan beside the reference configurations (on `text`, read_user_text's, if given)."""
+def validate_plan(plan: Plan, loaded, windows=None, seq_len=None, progress=None, text=None, baselines=None):
+    """Measured table of the plan beside the reference configurations and `baselines` ({name: layers}, the best
+    uniform configurations within its memory: sensprof.validation.baselines) (on `text`, read_user_text's, if
+    given)."""
     path = plan.profile.locate()
     profile = plan_profile(plan, path) if path else None  # a profile that is not the plan's: refused first
     ids = validation_windows(plan, loaded.tokenizer, windows, seq_len, text)
-    configs = {"plan": plan.layers, **reference_configs(plan)}
+    references = _Distinct()
+    for name, layers in {**(baselines or {}), **reference_configs(plan)}.items():
+        references.setdefault(name, layers)
+    configs = {"plan": plan.layers, **references}
     measured = measure(loaded.model, ids, configs, progress, reads=plan_reads(plan))
     if path is None:
         print(f"sensprof: note: {plan.profile.missing_note()}", file=sys.stderr)
@@ -363,7 +368,8 @@ def advantage_note(df) -> str | None:
         rich = g[g.memory_vs_plan == ">="]
         if len(rich):
             best = rich.loc[rich.measured_kl.idxmin()]
-            ratios[int(n)] = (float(g[g.config == "plan"].measured_kl.iloc[0]) / float(best.measured_kl), best.config)
+            mine, theirs = float(g[g.config == "plan"].measured_kl.iloc[0]), float(best.measured_kl)
+            ratios[int(n)] = (mine / theirs if theirs > 0 else (math.inf if mine > 0 else 1.0), best.config)
     if len(ratios) < 2:
         return None
     first, *rest = sorted(ratios)

@@ -42,7 +42,7 @@ def _plan(capsys, profile, out, *extra):
 
 
 def test_the_plan_is_the_candidate_measured_best(sel, capsys):
-    plan, out = _plan(capsys, sel.profile, sel.root / "p.json")
+    plan, out = _plan(capsys, sel.profile, sel.root / "p.json", "--select-uniforms", "menus")
     s = plan.solver.select
     assert s["windows"] == 2 and s["seq_len"] == 128 and s["reads"] == "streaming"  # 4x the profile's 32 tokens
     names = [c["name"] for c in s["candidates"]]
@@ -97,6 +97,40 @@ def test_the_plan_is_the_candidate_measured_best(sel, capsys):
             assert not any(body in c for c in chosen_text), n
 
 
+def test_every_uniform_configuration_sensprof_stores_is_a_baseline(sel, tmp_path, capsys):
+    """By default the baselines come from every uniform configuration sensprof stores within the budget (here the
+    menus hold int2/4/8 only): each scheme screened alone on one window, the three best pairs measured whole; one
+    that measures below every plan is the plan, its layers' damage from the screen where the profile has no cell."""
+    from sensprof.planning.budget import Budget
+    from sensprof.planning.uniforms import candidates
+
+    plan, out = _plan(capsys, sel.profile, tmp_path / "p.json")
+    s = plan.solver.select
+    screen = s["uniform_screen"]
+    assert screen["tokens"] == 128  # the selection's windows, up to 512 tokens
+    meta_layers = [{"kv_heads": p.kv_heads, "head_dim": p.head_dim, "kind": p.kind, "window": p.window}
+                   for p in plan.layers]
+    found = candidates(Budget("avg_bits", 5.0), meta_layers)
+    assert set(screen["k"]) == {c.k for c in found} - {"none"}
+    assert any(k not in K.split(",") for k in screen["k"])  # outside the menus
+    uniforms = [c for c in s["candidates"] if c["uniform"]]
+    assert len(uniforms) == 3 and all(c["name"].startswith("uniform ") for c in uniforms)
+    summed = sorted(screen["k"].get(c.k, 0.0) + screen["v"].get(c.v, 0.0) for c in found)
+    for c in uniforms:
+        k, v = c["name"].removeprefix("uniform ").split(" / ")
+        assert screen["k"].get(k, 0.0) + screen["v"].get(v, 0.0) <= summed[2] + 1e-15
+        assert c["budget_used"] <= plan.predicted.budget_limit * (1 + 1e-9)
+    best = min(s["candidates"], key=lambda c: c["measured_kl"])
+    assert s["chosen"] == best["name"] and s["uniform_won"] == best["uniform"]
+    assert best["uniform"]  # on this tiny model one does (int6 values, outside the menus): the plan is it
+    k, v = best["name"].removeprefix("uniform ").split(" / ")
+    assert k not in K.split(",") or v not in V.split(",")
+    assert {(p.k_scheme, p.v_scheme) for p in plan.layers} == {(k, v)}
+    assert f"the uniform configuration {k} / {v} measured lower KL than every plan" in out
+    assert all(p.k_damage >= 0 and p.v_damage >= 0 for p in plan.layers)
+    assert plan.predicted.damage == pytest.approx(best["predicted_kl"])
+
+
 def test_short_chunks_cut_every_whole_profile_window_from_the_longer_ones():
     ids = torch.arange(2 * 11).reshape(2, 11)
     ids[:, 0] = -1  # a one-token prefix (a BOS)
@@ -118,7 +152,7 @@ def test_a_uniform_configuration_that_measures_best_is_the_plan(sel, tmp_path, c
     t.loc[two, ["kl", "kl_std", "dnll"]] = [1e-9, 0.0, 1e-9]
     t.loc[rich, ["kl", "kl_std", "dnll"]] = [1.0, 0.0, 1.0]
     t.to_csv(bad / "profile.csv", index=False)
-    plan, out = _plan(capsys, str(bad), tmp_path / "p.json")
+    plan, out = _plan(capsys, str(bad), tmp_path / "p.json", "--select-uniforms", "menus")
     s = plan.solver.select
     assert all(p.v_scheme == "int2_t32" for p in load_plan_candidates(str(bad), tmp_path))
     assert s["uniform_won"] and s["chosen"] == "uniform int4_c32 / int4_t32"

@@ -170,6 +170,10 @@ def test_validate_cli_writes_the_table(cli_run, capsys):
     assert row.measured_over_predicted == pytest.approx(row.measured_kl / row.predicted_kl)
     refs = set(df.config) - {"plan"}
     assert "uniform KIVI-4 (int4_c32 / int4_t32)" in refs and "uniform fp8_e4m3" in refs
+    # the best uniform configurations sensprof stores within the plan's memory, menus or not (validation.baselines)
+    best = [c for c in df.config if c.startswith("best uniform ")]
+    assert len(best) == 3 and "baselines: screening" in out
+    assert all(r.avg_bits <= row.avg_bits + 1e-9 for r in df[df.config.isin(best)].itertuples())
     kivi4 = df[df.config == "uniform KIVI-4 (int4_c32 / int4_t32)"].iloc[0]
     assert math.isnan(kivi4.predicted_kl)  # int4_c32 / int4_t32 were not profiled
     assert kivi4.measured_kl > 0
@@ -440,6 +444,9 @@ def test_advantage_that_vanishes_at_length_is_flagged():
     assert note.startswith("warning:") and "1024 tokens" in note and "uniform A" in note and "1.20x" in note
     assert advantage_note(table(0.5, 0.9)) is None  # still ahead at the longer length
     assert advantage_note(table(1.5, 1.2)) is None  # never ahead: nothing vanished
+    lossless = table(0.5, 0.9)  # a baseline whose residual window holds every token of a short window: KL 0
+    lossless.loc[(lossless.seq_len == 1024) & (lossless.config == "uniform A"), "measured_kl"] = 0.0
+    assert "inf" in advantage_note(lossless) and "1024 tokens" in advantage_note(lossless)
 
 
 def test_validate_bad_seq_len(cli_run, capsys):

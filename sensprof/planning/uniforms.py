@@ -1,0 +1,104 @@
+"""Every uniform configuration a target can express: the baselines a plan is judged against.
+
+A uniform configuration gives every layer one K scheme and one V scheme, so it needs no profile cells: it is
+measured directly (sensprof.validation.baselines). The free target (sensprof's runtime) stores any format of the
+registry, not only the profile's menus: keys per channel over 32/64/128-token groups, values per token over
+32/64/128-channel groups, 2 to 8 bits, each with and without 4 sink tokens and a 32-token residual window; fp8 and
+int8 per token-head; either tensor left unquantized. Within a budget most of those are beaten by construction: one
+that fits beside a configuration of the same layouts with at least as many bits, groups no larger and at least as many
+full-precision sink and recent tokens on both tensors is never the one to beat (quantization error only shrinks
+along each of those), so only the maximal configurations are kept (`maximal`), a few dozen at most; a short
+measurement ranks them. Imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import SensprofError
+from ..schemes import get_scheme
+
+BITS = (2, 3, 4, 5, 6, 8)
+GROUPS = (32, 64, 128)
+EXTRAS = ("", "_s4", "_r32_s4")  # as the default key menu spells them: 4 sinks, 4 sinks and 32 recent tokens
+VALUE_EXTRAS = ("", "_r32_s4")
+PER_TOKEN_HEAD = ("fp8_e4m3", "fp8_e5m2", "int8_per_token_head")
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """One K and one V scheme on every layer, and what it costs in the budget's unit."""
+
+    k: str
+    v: str
+    cost: float
+
+    @property
+    def name(self) -> str:
+        return f"uniform {self.k} / {self.v}"
+
+
+def key_schemes(head_dims) -> list[str]:
+    """Every key scheme the free target stores: per channel (KIVI keys), per token-head, or none."""
+    return ["none", *PER_TOKEN_HEAD, *(f"int{b}_c{g}{e}" for b in BITS for g in GROUPS for e in EXTRAS)]
+
+
+def value_schemes(head_dims) -> list[str]:
+    """Every value scheme the free target stores: per token over channel groups no wider than the narrowest head
+    (a wider one is that head's width again), per token-head, or none."""
+    narrowest = min(head_dims)
+    groups = [g for g in GROUPS if g <= narrowest] or [narrowest]
+    return ["none", *PER_TOKEN_HEAD, *(f"int{b}_t{g}{e}" for b in BITS for g in groups for e in VALUE_EXTRAS)]
+
+
+def at_least_as_precise(a: str, b: str) -> bool:
+    """Scheme a loses no more than b by construction: unquantized, or the same layout with at least as many bits,
+    groups no larger and at least as many sink and residual tokens."""
+    if a == b or a == "none":
+        return True
+    if b == "none":
+        return False
+    sa, sb = get_scheme(a), get_scheme(b)
+    layout = ("format", "granularity", "codec", "scale_source", "pre_rope")
+    if any(getattr(sa, f) != getattr(sb, f) for f in layout):
+        return False
+    return (sa.bits >= sb.bits and (sa.group or 0) <= (sb.group or 0) and sa.residual >= sb.residual
+            and sa.sink >= sb.sink)
+
+
+def within_budget(budget, layers: list[dict], limit: float | None = None) -> list[Uniform]:
+    """Every uniform configuration of the free target that costs no more than `limit` (default the budget's), the
+    all-unquantized one left out."""
+    limit = budget.limit(layers) if limit is None else limit
+    dims = {layer["head_dim"] for layer in layers}
+    cost = {}
+    for tensor, names in (("K", key_schemes(dims)), ("V", value_schemes(dims))):
+        for name in names:
+            s = get_scheme(name)
+            cost[tensor, name] = sum(budget.cost(s, layer) for layer in layers)
+    out = [Uniform(k, v, cost["K", k] + cost["V", v]) for k in key_schemes(dims) for v in value_schemes(dims)
+           if (k, v) != ("none", "none") and cost["K", k] + cost["V", v] <= limit * (1 + 1e-9)]
+    return out
+
+
+def maximal(configs: list[Uniform]) -> list[Uniform]:
+    """The configurations no other one in the list is at least as precise as on both tensors (see the module's
+    docstring), cheapest first."""
+    keep = [c for c in configs if not any(
+        (o.k, o.v) != (c.k, c.v) and at_least_as_precise(o.k, c.k) and at_least_as_precise(o.v, c.v)
+        for o in configs)]
+    return sorted(keep, key=lambda c: (c.cost, c.k, c.v))
+
+
+def candidates(budget, layers: list[dict], limit: float | None = None) -> list[Uniform]:
+    """The uniform configurations worth measuring within the budget (or `limit`): the maximal ones."""
+    found = maximal(within_budget(budget, layers, limit))
+    if not found:
+        raise SensprofError("no uniform configuration fits the budget; raise it (e.g. --avg-bits 4)")
+    return found
+
+
+def rank(configs: list[Uniform], k_damage: dict[str, float], v_damage: dict[str, float], top: int) -> list[Uniform]:
+    """The `top` configurations of least summed damage (each tensor's measured alone: damage adds across K and V to
+    first order, as the planner's sum assumes), ties to the cheaper."""
+    return sorted(configs, key=lambda c: (k_damage.get(c.k, 0.0) + v_damage.get(c.v, 0.0), c.cost))[:top]

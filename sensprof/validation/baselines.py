@@ -1,0 +1,78 @@
+"""The uniform baselines a plan must beat, found by measurement among every uniform configuration the free target
+can express within the plan's memory (sensprof.planning.uniforms), not only the profile's menus.
+
+Two steps. A short screen measures each K scheme of the candidates alone (values unquantized) and each V scheme
+alone, with every layer quantized, on one window of up to 512 tokens: a few dozen whole-model passes, shared by every pair (damage adds
+across K and V to first order, as the planner's sum assumes). The `top` pairs of least summed damage are the
+baselines; `plan --select-measured` and `validate` then measure them whole, beside the plan, on their own windows.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..artifacts import LayerPlan, Plan
+from ..planning.uniforms import Uniform, candidates, rank
+from .validate import layer_choices, measure
+
+TOP = 3  # baselines measured whole beside the plan
+SCREEN_TOKENS = 512  # the screen's window: long enough that 128-token groups and a 32-token residual window act
+
+
+def screen_length(own: int, longest: int) -> int:
+    """The screen's window: SCREEN_TOKENS (at least the profile's length `own`), within the longest length measured
+    after it. At the profile's few hundred tokens a 128-token group or a residual window quantizes little or nothing
+    and would screen as lossless."""
+    return min(longest, max(own, SCREEN_TOKENS))
+
+
+def layer_info(layers) -> list[dict]:
+    """The budget's view of a plan's layers."""
+    return [{"kv_heads": p.kv_heads, "head_dim": p.head_dim, "kind": p.kind, "window": p.window} for p in layers]
+
+
+def plan_cost(plan: Plan) -> float:
+    """What the plan's cache costs in its own budget's unit: the memory a baseline may not exceed."""
+    from ..schemes import get_scheme
+
+    return sum(plan.budget.cost(get_scheme(p.k_scheme), info) + plan.budget.cost(get_scheme(p.v_scheme), info)
+               for p, info in zip(plan.layers, layer_info(plan.layers)))
+
+
+def screen(model, ids, plan: Plan, configs: list[Uniform], reads: str, log=None) -> tuple[dict, dict]:
+    """({K scheme: KL}, {V scheme: KL}): each scheme of `configs` alone on every layer, measured on `ids`."""
+    keys = sorted({c.k for c in configs} - {"none"})
+    values = sorted({c.v for c in configs} - {"none"})
+    runs: dict[str, list[LayerPlan]] = {}
+    for k in keys:
+        runs[f"K {k}"] = layer_choices(plan, (k, "none"))
+    for v in values:
+        runs[f"V {v}"] = layer_choices(plan, ("none", v))
+    if log:
+        log(f"baselines: screening {len(keys)} key and {len(values)} value schemes of {len(configs)} uniform "
+            f"configurations on {ids.shape[0]} x {ids.shape[1]} tokens")
+    measured = measure(model, ids, runs, reads=reads)
+    k_damage = {k: measured[f"K {k}"]["kl"] for k in keys}
+    v_damage = {v: measured[f"V {v}"]["kl"] for v in values}
+    return k_damage, v_damage
+
+
+def best_uniforms(model, ids, plan: Plan, budget=None, limit: float | None = None, reads: str = "streaming",
+                  top: int = TOP, log=None) -> tuple[list[Uniform], dict, dict]:
+    """(the `top` baselines, K screen, V screen) within `budget` (default the plan's) and `limit` (default the
+    budget's limit; validate passes the plan's own cost)."""
+    budget = budget or plan.budget
+    found = candidates(budget, layer_info(plan.layers), limit)
+    k_damage, v_damage = screen(model, ids, plan, found, reads, log)
+    ranked = [c for c in rank(found, k_damage, v_damage, len(found))
+              if math.isfinite(k_damage.get(c.k, 0.0) + v_damage.get(c.v, 0.0))]
+    return ranked[:top], k_damage, v_damage
+
+
+def baseline_name(c: Uniform) -> str:
+    return f"best uniform {c.k} / {c.v}"
+
+
+def baseline_configs(plan: Plan, chosen: list[Uniform]) -> dict[str, list[LayerPlan]]:
+    """{name: layers} of each baseline, named as validate and the selection print them."""
+    return {baseline_name(c): layer_choices(plan, (c.k, c.v)) for c in chosen}

@@ -1,0 +1,71 @@
+"""sensprof.planning.uniforms: every uniform configuration the free target stores within a budget, and the maximal
+ones (no other at least as precise on both tensors), which the baselines screen ranks."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sensprof.errors import SensprofError
+from sensprof.planning.budget import Budget
+from sensprof.planning.uniforms import (Uniform, at_least_as_precise, candidates, key_schemes, maximal, rank,
+                                        value_schemes, within_budget)
+
+SMOL = [{"kv_heads": 3, "head_dim": 64, "kind": "full", "window": None}] * 30  # SmolLM2-135M's cache shape
+
+
+def test_every_stored_layout_is_a_candidate_not_only_the_menus():
+    keys, values = key_schemes({64}), value_schemes({64})
+    for k in ("int4_c64", "int4_c64_r32_s4", "int3_c128_s4", "int8_c32", "fp8_e4m3", "none"):
+        assert k in keys
+    for v in ("int5_t64", "int4_t32_r32_s4", "fp8_e5m2", "none"):
+        assert v in values
+    assert "int4_t128" not in values  # a 128-channel group on a 64-wide head is the 64 one again
+    assert "int4_t128" in value_schemes({256})
+    grouped = re.compile(r"int\d_([ct])\d+")
+    assert {grouped.match(k).group(1) for k in keys if grouped.match(k)} == {"c"}  # keys per channel
+    assert {grouped.match(v).group(1) for v in values if grouped.match(v)} == {"t"}  # values per token
+
+
+@pytest.mark.parametrize("a,b,expected", [
+    ("int4_c32", "int4_c64", True), ("int4_c64", "int4_c32", False), ("int5_c64", "int4_c64", True),
+    ("int4_c64_r32_s4", "int4_c64", True), ("int4_c64", "int4_c64_s4", False), ("int4_c32", "int5_c64", False),
+    ("none", "int2_t32", True), ("int8_t32", "none", False), ("fp8_e4m3", "fp8_e5m2", False),
+    ("int8_c32", "int8_t32", False), ("int4_t64", "int4_t64", True)])
+def test_at_least_as_precise_orders_only_one_layout(a, b, expected):
+    assert at_least_as_precise(a, b) is expected
+
+
+def test_within_budget_holds_the_uniform_the_menus_missed():
+    """int4_c64 / int5_t64 is 5.0 bits on SmolLM2 (4 + 32/64 and 5 + 32/64): a 5-bit budget holds it."""
+    budget = Budget("avg_bits", 5.0)
+    fits = within_budget(budget, SMOL)
+    names = {(c.k, c.v) for c in fits}
+    assert ("int4_c64", "int5_t64") in names and ("int4_c64", "int6_t64") not in names
+    assert all(c.cost <= budget.limit(SMOL) * (1 + 1e-9) for c in fits)
+    assert ("none", "none") not in names
+
+
+def test_maximal_keeps_exactly_the_undominated():
+    budget = Budget("avg_bits", 4.0, context_len=4096)  # sinks and residual windows priced at 16 bits
+    fits = within_budget(budget, SMOL)
+    top = maximal(fits)
+    kept = {(c.k, c.v) for c in top}
+    for c in fits:
+        beaten = any((o.k, o.v) != (c.k, c.v) and at_least_as_precise(o.k, c.k) and at_least_as_precise(o.v, c.v)
+                     for o in fits)
+        assert ((c.k, c.v) in kept) is (not beaten)
+    assert [c.cost for c in top] == sorted(c.cost for c in top)
+    assert 3 <= len(top) < len(fits) / 5  # a few dozen at most, from hundreds
+
+
+def test_no_uniform_fits_a_tiny_budget():
+    with pytest.raises(SensprofError, match="no uniform configuration fits the budget"):
+        candidates(Budget("avg_bits", 0.5), SMOL)
+
+
+def test_rank_takes_the_least_summed_damage():
+    configs = [Uniform("a", "x", 1.0), Uniform("b", "y", 2.0), Uniform("a", "y", 1.5), Uniform("none", "x", 3.0)]
+    k, v = {"a": 1.0, "b": 0.1}, {"x": 0.5, "y": 2.0}
+    assert [(c.k, c.v) for c in rank(configs, k, v, 2)] == [("none", "x"), ("a", "x")]

@@ -1,0 +1,60 @@
+"""sensprof.validation.baselines on a tiny random model: each scheme of the candidates is screened alone (every layer,
+the other tensor unquantized), the baselines are the pairs of least summed screened KL within the memory given, and
+a baseline outside the profile's menus is measured like any configuration."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import VOCAB, make_tiny_model
+
+from sensprof.artifacts import LayerPlan, Plan
+from sensprof.models import describe_layers
+from sensprof.planning.budget import Budget
+from sensprof.planning.uniforms import candidates
+from sensprof.schemes import get_scheme
+from sensprof.validation.baselines import (baseline_configs, best_uniforms, layer_info, plan_cost, screen,
+                                           screen_length)
+from sensprof.validation.validate import layer_choices, measure
+
+
+@pytest.fixture(scope="module")
+def tiny(_one_thread):
+    model = make_tiny_model("llama")
+    ids = torch.randint(3, VOCAB, (1, 96), generator=torch.Generator().manual_seed(1))
+    layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, "int4_c32", "int4_t32", 0.0, 0.0, {})
+              for i in describe_layers(model)]
+    plan = Plan.hand_made("tiny", "fp", layers).replace(budget=Budget("avg_bits", 5.0, context_len=96))
+    return model, ids, plan
+
+
+def test_screen_measures_each_scheme_alone(tiny):
+    model, ids, plan = tiny
+    found = candidates(plan.budget, layer_info(plan.layers))
+    k, v = screen(model, ids, plan, found, "streaming")
+    assert set(k) == {c.k for c in found} - {"none"} and set(v) == {c.v for c in found} - {"none"}
+    some = sorted(k)[0]
+    alone = measure(model, ids, {"x": layer_choices(plan, (some, "none"))})["x"]["kl"]
+    assert k[some] == pytest.approx(alone, rel=1e-6)
+    assert all(x >= 0 for x in (*k.values(), *v.values()))
+
+
+def test_best_uniforms_are_the_least_summed_screen_within_the_memory(tiny):
+    model, ids, plan = tiny
+    limit = plan_cost(plan)
+    assert limit == pytest.approx(sum(plan.budget.cost(get_scheme(s), info) for p, info in
+                                      zip(plan.layers, layer_info(plan.layers)) for s in (p.k_scheme, p.v_scheme)))
+    chosen, k, v = best_uniforms(model, ids, plan, limit=limit, top=3)
+    found = candidates(plan.budget, layer_info(plan.layers), limit)
+    score = {(c.k, c.v): k.get(c.k, 0.0) + v.get(c.v, 0.0) for c in found}
+    assert len(chosen) == 3 and all(c.cost <= limit * (1 + 1e-9) for c in chosen)
+    assert [score[c.k, c.v] for c in chosen] == sorted(score.values())[:3]
+    configs = baseline_configs(plan, chosen)
+    assert list(configs) == [f"best uniform {c.k} / {c.v}" for c in chosen]
+    measured = measure(model, ids, configs)  # a baseline from outside any menu measures like any configuration
+    assert all(m["kl"] >= 0 for m in measured.values())
+
+
+def test_the_screen_sees_what_long_groups_quantize():
+    assert screen_length(256, 1024) == 512  # a 128-token group and a 32-token residual act within it
+    assert screen_length(32, 128) == 128 and screen_length(1024, 4096) == 1024
