@@ -738,3 +738,42 @@ def test_per_layer_kv_pairs_export_the_bytes_the_plugin_allocates(capsys):
     assert any(mod.is_pair(d) for d in parsed.layers) and len(parsed.layers) == 30
     printed = int(re.search(r"# KV cache: ([\d,]+) bytes/token", out).group(1).replace(",", ""))
     assert printed == parsed.kv_bytes_per_token(2) == 11520
+    pool = re.search(r"# vLLM's KV pool \(its CPU page/block arithmetic, docs/vllm-plugin.md\): ([\d,]+) bytes/token at "
+                     r"bf16 in 1 KV cache group, nothing padded: the plan's price", out)
+    assert int(pool.group(1).replace(",", "")) == printed
+
+
+def _as_sliding_window_model(tmp_path, dtypes=None):
+    """The per-layer K/V plan's JSON with Gemma 3's layer pattern (5 windowed layers, then a full one), and, where
+    given, each layer's dtype (its K and V schemes as that dtype stores them)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "plans", "smollm2-135m-vllm-cpu-per-layer-8bits.json")
+    with open(path) as f:
+        obj = json.load(f)
+    schemes = {"auto": ("none", "none"), "fp8_e4m3": ("fp8_e4m3_rtz", "fp8_e4m3_rtz")}
+    for i, layer in enumerate(obj["layers"]):
+        layer.update(kind="full", window=None) if i % 6 == 5 else layer.update(kind="sliding", window=512)
+        if dtypes:
+            layer["k_scheme"], layer["v_scheme"] = schemes[dtypes[i]]
+    if dtypes:
+        obj["engine"]["layer_dtypes"] = list(dtypes)
+    out = tmp_path / "plan.json"
+    out.write_text(json.dumps(obj))
+    return str(out)
+
+
+def test_per_layer_plan_of_a_sliding_window_model_exports_vllms_pool(capsys, tmp_path):
+    """On a sliding-window model vLLM groups windowed and full layers apart and pads pages that do not divide the
+    largest: a per-layer plan it pads nothing in prints its pool (6 groups of 5 layers here) at exactly the bytes per
+    token the plan priced; one it would pad is refused in one line (exit 2), as the plugin would refuse it."""
+    import re
+
+    dtypes = ["auto" if i % 6 == 5 else "fp8_e4m3" for i in range(30)]
+    rc, out, err = run_cli(capsys, "export", _as_sliding_window_model(tmp_path, dtypes), "--format", "vllm")
+    assert rc == 0, err
+    printed = int(re.search(r"# KV cache: ([\d,]+) bytes/token", out).group(1).replace(",", ""))
+    pool = re.search(r"# vLLM's KV pool \(its CPU page/block arithmetic, docs/vllm-plugin.md\): ([\d,]+) bytes/token at "
+                     r"bf16 in 6 KV cache groups, nothing padded: the plan's price", out)
+    assert int(pool.group(1).replace(",", "")) == printed == 25 * 3 * 128 + 5 * 3 * 256
+    line = one_error_line(*run_cli(capsys, "export", _as_sliding_window_model(tmp_path), "--format", "vllm"))
+    assert re.search(r"vLLM would pad this per-layer plan's KV pages on a sliding-window model: [\d,]+ bytes per token "
+                     r"where its layers take 11,520 .*re-plan it with `sensprof plan --per-layer`", line), line

@@ -223,3 +223,53 @@ def test_per_layer_refusals(cpu_profile, capsys, extra, match):
     line = one_error_line(*run_cli(capsys, "plan", cpu_profile, "--target", "sensprof", "--avg-bits", "11",
                                    "--per-layer"))
     assert "--per-layer gives each vLLM layer its own dtype; target sensprof has none" in line
+
+
+def test_per_layer_plan_of_a_sliding_window_model_is_priced_as_vllm_allocates(tmp_path_factory, tiny_tokenizer,
+                                                                               _one_thread, capsys):
+    """A tiny Gemma 3 (two 8-token-window layers, one full): vLLM would pad pages that do not divide the largest
+    (docs/vllm-plugin.md), so `plan --per-layer` makes only plans it pads nothing in, at bf16 and float32; export prints
+    vLLM's pool at exactly the bytes per token the plan priced, and the plugin's own pool check accepts the plan."""
+    import json
+    import re
+    import shlex
+
+    from conftest import make_tiny_model
+    from sensprof.planning.budget import vllm_cpu_pool
+
+    d = tmp_path_factory.mktemp("tiny-gemma3")
+    make_tiny_model("gemma3").save_pretrained(d)
+    tiny_tokenizer.save_pretrained(d)
+    prof = d / "profile"
+    assert main(["profile", "--model", str(d), "--target", "vllm", "--vllm-gpu", "cpu", "--seq-len", "32",
+                 "--windows", "2", "--out", str(prof), "--device", "cpu", "--quiet"]) == 0
+    mod = plugin_plan_module()
+    seen = set()
+    for bits in ("6", "8", "11", "14"):
+        path = d / f"plan-{bits}.json"
+        rc, out, err = run_cli(capsys, "plan", str(prof), "--target", "vllm", "--vllm-gpu", "cpu", "--per-layer",
+                               "--avg-bits", bits, "--select-measured", "0", "--out", path)
+        if rc != 0:
+            assert "infeasible" in err, err
+            continue
+        plan = load_plan(str(path))
+        layers = [(dt, p.kv_heads, p.head_dim, p.window if p.kind == "sliding" else None)
+                  for dt, p in zip(plan.engine.layer_dtypes, plan.layers)]
+        assert [w for *_, w in layers] == [8, 8, None]
+        for itemsize in (2, 4):
+            pool = vllm_cpu_pool(layers, itemsize)
+            assert not pool.padded and len(pool.groups) >= 2  # windowed and full layers apart, nothing padded
+        assert pool.own_bytes_per_token * 8 <= float(bits) * sum(2 * p.kv_heads * p.head_dim for p in plan.layers) * 2
+        seen |= set(plan.engine.layer_dtypes)
+        rc, out, err = run_cli(capsys, "export", path, "--format", "vllm")
+        assert rc == 0, err
+        priced = int(re.search(r"# KV cache: ([\d,]+) bytes/token", out).group(1).replace(",", ""))
+        pooled = re.search(r"# vLLM's KV pool .*: ([\d,]+) bytes/token at bf16 in (\d+) KV cache groups?, nothing "
+                           r"padded: the plan's price", out)
+        assert int(pooled.group(1).replace(",", "")) == priced == vllm_cpu_pool(layers, 2).bytes_per_token
+        argv = shlex.split(next(ln for ln in out.splitlines() if ln.startswith("vllm serve")))
+        parsed = mod.plan_from_additional_config(json.loads(argv[argv.index("--additional-config") + 1]))
+        for itemsize in (2, 4):  # what the plugin checks at start-up, at both model dtypes
+            assert mod.check_pool(parsed, layers, itemsize, 128).bytes_per_token == \
+                sum(mod.layer_bytes(dt, h, hd, itemsize) for dt, h, hd, _ in layers)
+    assert len(seen) > 1, seen

@@ -8,6 +8,7 @@ from ..engines.vllm.catalog import GPU_NAMES, check_vllm_gpu, min_version_text
 from ..errors import SensprofError
 from ..models import is_gguf
 from ..artifacts import Plan
+from ..planning.budget import vllm_cpu_pool
 from ..planning.plan import vllm_layers
 from ..targets import is_pair
 
@@ -78,6 +79,23 @@ def plugin_plan(plan: Plan) -> dict:
         model |= {"num_kv_heads": heads.pop(), "head_dim": dims.pop()}
     return {"format": PLUGIN_FORMAT, "version": PLUGIN_VERSION, "model": model,
             "layers": list(plan.layer_dtypes)}
+
+
+def per_layer_cpu_pool(plan: Plan):
+    """vLLM's KV pool on its CPU backend for a per-layer plan served at bf16 (budget.vllm_cpu_pool), or None for
+    another plan; a plan vLLM would pad (a hand-edited one, or one planned before sensprof priced the padding) is
+    refused: it would take more memory than it was priced at, and the plugin refuses it too."""
+    if not plan.layer_dtypes or plan.engine.vllm_gpu != "cpu":
+        return None
+    layers = [(d, p.kv_heads, p.head_dim, p.window if p.kind == "sliding" else None)
+              for d, p in zip(plan.layer_dtypes, plan.layers)]
+    pool = vllm_cpu_pool(layers)
+    if pool.padded:
+        raise SensprofError(f"vLLM would pad this per-layer plan's KV pages on a sliding-window model: "
+                            f"{pool.bytes_per_token:,.0f} bytes per token where its layers take "
+                            f"{pool.own_bytes_per_token:,} (docs/vllm-plugin.md); re-plan it with `sensprof plan "
+                            "--per-layer`, which makes plans vLLM pads nothing in")
+    return pool
 
 
 def plugin_argv(plan: Plan, model_path: str) -> list[str]:
@@ -174,6 +192,7 @@ def gguf_model_for_vllm(model: str, hub_id: str | None = None) -> tuple[str, lis
 
 def check(plan: Plan, opts, name: str) -> None:
     vllm_argv(plan, "-", opts.vllm_version, opts.vllm_gpu)  # refuse a bad version, dtype or GPU before loading
+    per_layer_cpu_pool(plan)  # ... and a per-layer plan vLLM would pad
     if opts.hub_id is not None and not is_gguf(name):
         raise SensprofError(f"--hub-id is for GGUF models; vLLM serves {name} as it is")
 
@@ -206,6 +225,11 @@ def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[
     if plan.layer_dtypes:
         lines.append(f"# each layer its own KV dtype through sensprof's vLLM plugin: {PLUGIN_INSTALL}; it refuses "
                      "at start-up a model, vLLM or platform the plan was not made for")
+        pool = per_layer_cpu_pool(plan)
+        if pool is not None:
+            lines.append(f"# vLLM's KV pool (its CPU page/block arithmetic, docs/vllm-plugin.md): "
+                         f"{pool.bytes_per_token:,.0f} bytes/token at bf16 in {len(pool.groups)} KV cache group"
+                         f"{'s' if len(pool.groups) > 1 else ''}, nothing padded: the plan's price")
         if not any(is_pair(d) for d in plan.layer_dtypes) and (plan.engine.skip_layers
                                                                 or len(set(plan.layer_dtypes)) == 1):
             from dataclasses import replace

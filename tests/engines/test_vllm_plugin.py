@@ -27,9 +27,13 @@ MIXED = ["fp8_e5m2", "auto", "fp8_e4m3", "fp8_e5m2"]  # all three CPU dtypes; fp
 # Keys and Values in their own formats (the plugin's SENSPROF_KV backend) beside vLLM's own dtypes
 ASYM = ["k:fp8_e4m3/v:int4_t32", "auto", "k:auto/v:int3_t32", "fp8_e5m2"]
 LOSSLESS = ["k:auto/v:int8_t32"] * 4  # near-lossless values: the backend's attention against CPU_ATTN's
-# on the sliding-window Gemma 3 (GEMMA_TYPES), refused: served once (2026-12-03, docs/vllm-plugin.md), vLLM padded the
-# windowed groups' pages and allocated 1664 B/token where this plan prices 1032
+# on the sliding-window Gemma 3 (GEMMA_TYPES: layers 0, 1, 3 windowed, 2 full), float32: vLLM pads pages that do not
+# divide the largest, so this plan would take 1664 B/token where its layers take 1032: refused
 SW = ["fp8_e4m3", "k:fp8_e4m3/v:int4_t32", "k:auto/v:int3_t32", "auto"]
+# ... and two it pads nothing in (every layer's bytes divide the largest's; groups one layer wide), served: vLLM's
+# dtypes beside fp8 pairs (128, 128, 512, 128 B/token) and KIVI values on every layer (96, 96, 288, 96)
+SW_MIXED = ["fp8_e4m3", "k:fp8_e4m3/v:fp8_e5m2", "auto", "k:fp8_e5m2/v:fp8_e4m3"]
+SW_KIVI = ["k:fp8_e4m3/v:int3_t32", "k:fp8_e5m2/v:int3_t32", "k:auto/v:int3_t32", "k:fp8_e4m3/v:int3_t32"]
 # a small engine under pressure: 32-token blocks, 5 of them, 32-token prefill chunks; two 60-token prompts need 3
 # blocks each by their last token, so one is preempted and recomputed
 PRESSURE = {"block_size": 32, "num_gpu_blocks_override": 5, "max_num_batched_tokens": 32,
@@ -188,8 +192,9 @@ FP = dict(architectures=["LlamaForCausalLM"], num_layers=4, num_kv_heads=2, head
     ({"num_kv_heads": 4}, "2 KV heads but this model has 4"),
     ({"kv_cache_scheme": True}, "kv_cache_scheme, which would override the plan"),
     ({"hybrid": True}, "hybrid .* not supported"),
-    ({"sliding_window": 4096}, "sliding-window models are not supported yet: vLLM pads the pages"),
-    ({"layer_types": ["full_attention", "sliding_attention"] * 2}, "sliding-window models are not supported"),
+    ({"sliding_window": 4096, "platform": "cuda"}, "sliding-window models are served on vLLM's CPU backend only so "
+                                                   "far, not on cuda"),
+    ({"layer_types": ["full_attention", "sliding_attention"] * 2, "platform": "cuda"}, "not on cuda"),
     ({"layer_types": ["full_attention", "chunked_attention"] * 2}, "layer types chunked_attention are not supported"),
     ({"mla": True}, "MLA models are not supported"),
     ({"encoder_decoder": True}, "encoder-decoder"),
@@ -200,6 +205,7 @@ def test_model_checks(change, match):
     p = P.parse_plan(plan(num_kv_heads=2, head_dim=None if "head_size" in change else 32))
     P.check_model(p, FP)
     P.check_model(p, {**FP, "layer_types": ["full_attention"] * 4})
+    P.check_model(p, {**FP, "layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": 16})
     refused(P.check_model, p, {**FP, **change}, match=match)
 
 
@@ -212,11 +218,76 @@ def test_global_dtype_rule():
 
 def test_layer_checks():
     p = P.parse_plan(plan())
-    assert P.check_layer(p, 2, "model.layers.2.self_attn.attn", None, True) == "fp8_e4m3"
-    refused(P.check_layer, p, 4, "model.layers.4.self_attn.attn", None, True, match="no layer index within")
-    refused(P.check_layer, p, None, "attn", None, True, match="no layer index within")
-    refused(P.check_layer, p, 0, "model.layers.0.self_attn.attn", 16, True, match="sliding window")
-    refused(P.check_layer, p, 0, "model.layers.0.self_attn.attn", None, False, match="not decoder self-attention")
+    assert P.check_layer(p, 2, "model.layers.2.self_attn.attn", True) == "fp8_e4m3"
+    refused(P.check_layer, p, 4, "model.layers.4.self_attn.attn", True, match="no layer index within")
+    refused(P.check_layer, p, None, "attn", True, match="no layer index within")
+    refused(P.check_layer, p, 0, "model.layers.0.self_attn.attn", False, match="not decoder self-attention")
+
+
+def _gemma_layers(layers, window=16):
+    return [(d, 2, 32, None if t == "full_attention" else window) for d, t in zip(layers, GEMMA_TYPES)]
+
+
+def test_pool_arithmetic_of_a_sliding_window_model():
+    """vLLM's pool (cpu_pool, docs/vllm-plugin.md) on the tiny Gemma 3 at float32: the plan measured at 1664 B/token
+    in the running engine where its layers take 1032 (its pages do not divide the largest, 512 B/token x 128: padded),
+    and two plans vLLM pads nothing in; check_pool refuses the first in one line."""
+    pool = P.cpu_pool(_gemma_layers(SW), 4)
+    assert (pool.own_bytes_per_token, pool.bytes_per_token, pool.padded) == (1032, 1664, True)
+    assert pool.groups == ((0,), (1,), (2,), (3,)) and pool.block_sizes == (512, 128, 128, 128)
+    assert pool.bytes_per_block == 512 * 128
+    for layers, own in ((SW_MIXED, 896), (SW_KIVI, 576)):
+        pool = P.check_pool(P.parse_plan(plan(layers, arch="Gemma3ForCausalLM")), _gemma_layers(layers), 4, 128)
+        assert pool.bytes_per_token == pool.own_bytes_per_token == own and len(pool.groups) == 4
+    assert P.cpu_pool(_gemma_layers(SW_KIVI), 4).block_sizes == (384, 384, 384, 128)  # 3x the 96 B/token pages
+    refused(P.check_pool, P.parse_plan(plan(SW, arch="Gemma3ForCausalLM")), _gemma_layers(SW), 4, 128,
+            match=r"vLLM would pad this plan's KV pages on this sliding-window model: 1664 B/token where its 4 layers "
+                  r"take 1032 .*re-plan with sensprof plan --per-layer")
+    # one attention type (a dense model, or every layer one window): one group, nothing padded, whatever the mix
+    for window in (None, 16):
+        pool = P.cpu_pool([(d, 2, 32, window) for d in SW], 4)
+        assert len(pool.groups) == 1 and not pool.padded and pool.bytes_per_token == 1032
+    # Gemma 3 270M's shape (18 layers, 5 windowed then 1 full, one 256-wide KV head), bf16: every layer fp8 or auto in
+    # buckets of multiples of 3 pads nothing; 8 + 7 windowed layers beside 3 full fp8 ones make groups of 3, 3, 2 and
+    # 3, 2, 2: padding layers
+    kinds = [None if i % 6 == 5 else 512 for i in range(18)]
+    even = [("fp8_e4m3" if i < 12 else "auto", 1, 256, w) for i, w in enumerate(kinds)]
+    assert not P.cpu_pool(even, 2).padded
+    windowed = [i for i, w in enumerate(kinds) if w]
+    odd = [("auto" if i in windowed[8:] else "fp8_e5m2", 1, 256, w) for i, w in enumerate(kinds)]
+    pool = P.cpu_pool(odd, 2)
+    assert sorted(map(len, pool.groups)) == [2, 2, 2, 3, 3, 3, 3]
+    # a block id is 3 layers of 1024 B x 128 tokens; the 4 fp8 groups take one per 256 tokens, the 3 auto per 128
+    assert pool.bytes_per_token == 1024 * 128 * 3 * (4 / 256 + 3 / 128) == 15360
+    assert pool.own_bytes_per_token == 11 * 512 + 7 * 1024 == 12800
+
+
+def test_pool_arithmetic_is_sensprofs():
+    """The plugin's cpu_pool repeats sensprof's vllm_cpu_pool (the planner's and the export's): equal on random
+    layer mixes of every kind, shape and dtype, at both model dtypes and several block sizes."""
+    import random
+
+    from sensprof.planning.budget import vllm_cpu_pool
+    from sensprof.targets import per_layer_flags
+
+    flags = per_layer_flags("cpu")
+    rng = random.Random(0)
+    padded = 0
+    for _ in range(400):
+        n = rng.randint(1, 12)
+        layers = [(rng.choice(flags[:3] if rng.random() < 0.4 else flags), rng.choice([1, 2]), rng.choice([64, 128]),
+                   rng.choice([None, None, 64, 512])) for _ in range(n)]
+        layers = [(d, h, hd, w) for d, h, hd, w in layers if not (d.endswith("_t128") and hd < 128)]
+        if not layers:
+            continue
+        for itemsize in (2, 4):
+            block = rng.choice([16, 32, 128])
+            mine, theirs = P.cpu_pool(layers, itemsize, block), vllm_cpu_pool(layers, itemsize, block)
+            assert (mine.groups, mine.block_sizes, mine.bytes_per_block, mine.own_bytes_per_token) == \
+                (theirs.groups, theirs.block_sizes, theirs.bytes_per_block, theirs.own_bytes_per_token)
+            assert mine.own_bytes_per_token == sum(P.layer_bytes(*l[:3], itemsize) for l in layers)
+            padded += mine.padded
+    assert padded > 50
 
 
 def test_package_and_install():
@@ -291,8 +362,6 @@ REFUSALS = {  # name: (config fields, what its one line says)
                     "the plan is for Qwen2ForCausalLM but the model is LlamaForCausalLM"),
     "kv-cache-scheme": ({"model": "kvs", "additional_config": {P.KEY: plan(["auto"] * 4)}},
                         "declares a kv_cache_scheme, which would override"),
-    "sliding-window": ({"model": "gemma3", "additional_config": {P.KEY: plan(SW, arch="Gemma3ForCausalLM")}},
-                       "sliding-window models are not supported yet: vLLM pads the pages"),
 }
 
 
@@ -327,6 +396,12 @@ def engine(vllm_python, tiny_tokenizer, tmp_path_factory):
         {"name": "mixed-multiprocess", "additional_config": {P.KEY: plan()}, "prompts": prompts[:1], "max_tokens": 8,
          "multiprocessing": True},
         {"name": "no-plan", "prompts": prompts[:3], "max_tokens": 8},
+        *({"name": f"gemma3-{name}", "model": "gemma3", "prompts": prompts[:3], "max_tokens": 8,
+           "additional_config": {P.KEY: plan(layers, arch="Gemma3ForCausalLM", num_kv_heads=2, head_dim=32)}}
+          for name, layers in (("mixed", SW_MIXED), ("kivi", SW_KIVI))),
+        {"name": "gemma3-padded", "model": "gemma3", "additional_config": {P.KEY: plan(SW, arch="Gemma3ForCausalLM")}},
+        {"name": "gemma3-padded-guard", "model": "gemma3", "patch_noop": ["check_pool"],
+         "additional_config": {P.KEY: plan(SW, arch="Gemma3ForCausalLM")}},
         {"name": "no-plan-fp8", "kv_cache_dtype": "fp8_e5m2"},
         *({"name": name, **fields} for name, (fields, _) in REFUSALS.items()),
     ]
@@ -494,6 +569,49 @@ def test_no_plan_is_vllms_own(engine):
         assert {(l["kv_cache_dtype"], l["impl_kv_cache_dtype"], l["backend"]) for l in r["layers"]} == \
             {(dtype, dtype, "CPU_ATTN")}
         assert len(r["layers"]) == 4 and "sensprof plan" not in r["log"]
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+@pytest.mark.parametrize("name, layers", [("gemma3-mixed", SW_MIXED), ("gemma3-kivi", SW_KIVI)])
+def test_sliding_window_plan_is_served_as_priced(engine, name, layers):
+    """A per-layer plan (pairs included) on the sliding-window Gemma 3 that vLLM pads nothing in: every layer as the
+    plan says; vLLM's own KV cache config (its groups, block sizes, shared buffer) takes exactly the plan's bytes per
+    token (cpu_pool, the arithmetic sensprof prices with), each layer's cache view its own bytes; the same tokens
+    alone and batched, past the 16-token window."""
+    r = _ok(engine[name])
+    assert [l["kv_cache_dtype"] for l in r["layers"]] == ["auto" if P.is_pair(d) else d for d in layers]
+    assert [l["backend"] for l in r["layers"]] == ["SENSPROF_KV" if P.is_pair(d) else "CPU_ATTN" for d in layers]
+    assert [l["formats"] for l in r["layers"]] == [list(P.pair_components(d) or ()) for d in layers]
+    kv = r["kv"]
+    pool = P.cpu_pool(_gemma_layers(layers), 4)
+    want = P.parse_plan(plan(layers, arch="Gemma3ForCausalLM", num_kv_heads=2, head_dim=32)).kv_bytes_per_token(4)
+    assert kv["bytes_per_token"] == kv["layer_bytes_per_token"] == pool.bytes_per_token == want
+    assert len(kv["group_layers"]) == 4  # the windowed and the full layers in groups of their own
+    assert sorted(kv["group_block_sizes"]) == sorted(pool.block_sizes)
+    for i, l in enumerate(r["layers"]):  # each view: num_blocks pages of its group's tokens, the layer's own bytes
+        tokens = kv["num_blocks"] * kv["layer_block_size"][l["name"]]
+        assert l["cache_bytes"] / tokens == P.layer_bytes(layers[i], 2, 32, 4)
+    assert re.search(r"sensprof plan: 4 KV cache groups \(sliding-window and full layers\), "
+                     rf"{want} B/token, vLLM pads nothing", r["log"])
+    assert r["alone"] == r["together"] and len({tuple(t) for t in r["alone"]}) == 3
+    for alone, together in zip(r["alone_logprobs"], r["together_logprobs"], strict=True):
+        assert alone == pytest.approx(together, abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+def test_sliding_window_padding_is_refused(engine):
+    """The plan vLLM would pad (1664 B/token for 1032 priced) is refused at start-up in one line, by the plugin's
+    arithmetic at the last layer; with that check switched off, vLLM's own KV cache config is checked against the
+    layers and refused the same, before anything is served."""
+    line = engine["gemma3-padded"]["error"]
+    assert line.startswith("PlanError: sensprof plan refused: vLLM would pad this plan's KV pages on this "
+                           "sliding-window model: 1664 B/token where its 4 layers take 1032"), line
+    line = engine["gemma3-padded-guard"]["error"]
+    assert line.startswith("PlanError: sensprof plan refused: vLLM's KV cache config takes 1664 B/token for this plan "
+                           "where its layers take 1032"), line
+    assert "alone" not in engine["gemma3-padded-guard"]
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import re
 import pandas as pd
 import pytest
 
-from sensprof.planning.budget import GIB, Budget, budget_from_args
+from sensprof.planning.budget import GIB, Budget, budget_from_args, vllm_cpu_pool
 from sensprof.errors import SensprofError
 from sensprof.memory import MODEL_BITS, bits_per_element, layer_cache_bits
 from sensprof.planning.planner import NONE, Problem, plan, problem_from_table
@@ -96,7 +96,14 @@ def assignments(problem: Problem, target, num_skip=None):
     elif target.structure == "per_layer":  # a dtype whose every stored tensor was profiled
         dts = [d for d in target.dtypes if all(s == NONE or s in opts for s, opts in ((d.k_scheme, opts_k),
                                                                                       (d.v_scheme, opts_v)))]
-        yield from ([d.schemes for d in c] for c in itertools.product(dts, repeat=n))
+        windows = [layer["window"] if layer["kind"] == "sliding" else None for layer in problem.layers]
+        for c in itertools.product(dts, repeat=n):
+            # a sliding-window + full model: only what vLLM's CPU pool pads nothing in (budget.vllm_cpu_pool)
+            if len(set(windows)) > 1 and any(vllm_cpu_pool([(d.flag_value, layer["kv_heads"], layer["head_dim"], w)
+                                                            for d, layer, w in zip(c, problem.layers, windows)],
+                                                           itemsize).padded for itemsize in (2, 4)):
+                continue
+            yield [d.schemes for d in c]
     else:
         ks = [d for d in target.dtypes if d.k_scheme == NONE or d.k_scheme in opts_k]
         vs = [d for d in target.dtypes if d.v_scheme == NONE or d.v_scheme in opts_v]
@@ -766,6 +773,8 @@ def test_per_layer_vllm_target_with_kv_pairs_is_optimal(seed):
     formats, served by the plugin's backend: still the brute force's best, and a pair is named k:<K>/v:<V>."""
     rng = random.Random(3100 + seed)
     problem = random_problem(rng, 3, ["fp8_e4m3_rtz"], ["fp8_e4m3_rtz", "int4_t64", "int2_t32"])
+    for layer in problem.layers:  # one attention type: vLLM pads nothing (sliding + full: the test below)
+        layer.update(kind="full", window=None)
     flags = {d.schemes: d.flag_value for d in VLLM_CPU_PER_LAYER.dtypes}
     assert flags[("fp8_e4m3_rtz", "int4_t64")] == "k:fp8_e4m3/v:int4_t64" and flags[("none", "int2_t32")] == \
         "k:auto/v:int2_t32"
@@ -777,6 +786,38 @@ def test_per_layer_vllm_target_with_kv_pairs_is_optimal(seed):
             assert list(sol.engine.layer_dtypes) == [flags[c] for c in sol.choices]
             seen |= set(sol.engine.layer_dtypes)
     assert any(d.startswith("k:") for d in seen)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_per_layer_plan_of_a_sliding_window_model_pads_nothing(seed):
+    """Sliding-window and full layers (Gemma 3): vLLM pads pages that do not divide the largest, and groups narrower
+    than the widest (budget.vllm_cpu_pool). The plan is the brute force's best among the assignments vLLM pads
+    nothing in, at bf16 and float32 alike, so the pool vLLM allocates is exactly the plan's price."""
+    rng = random.Random(3200 + seed)
+    problem = random_problem(rng, 4, ["fp8_e4m3_rtz"], ["fp8_e4m3_rtz", "int4_t64", "int2_t32", "int8_t32"])
+    for i, layer in enumerate(problem.layers):
+        layer.update(kv_heads=2, head_dim=64, kind="full" if i == 2 else "sliding", window=None if i == 2 else 64)
+    flags = {d.schemes: d.flag_value for d in VLLM_CPU_PER_LAYER.dtypes}
+    limit_unit = make_budget("avg_bits", 1.0).limit(problem.layers)
+    padded_optimum = 0
+    menu = [d for d in VLLM_CPU_PER_LAYER.dtypes if all(s in (NONE, *problem.options[t]) for s, t in zip(d.schemes, "KV"))]
+    for bits in (5.0, 6.5, 8.0, 10.0, 12.0):
+        budget = make_budget("avg_bits", bits)
+        table = cost_table(budget, problem.layers)
+        sol = check_against_brute_force(problem, VLLM_CPU_PER_LAYER, budget)
+        if sol is None:
+            continue
+        layers = [(flags[c], 2, 64, layer["window"]) for c, layer in zip(sol.choices, problem.layers)]
+        for itemsize in (2, 4):
+            pool = vllm_cpu_pool(layers, itemsize)
+            assert not pool.padded and pool.bytes_per_token == pool.own_bytes_per_token
+        assert vllm_cpu_pool(layers, 2).own_bytes_per_token * 8 <= bits * limit_unit * (1 + 1e-9)  # the price
+        # without the constraint the program would have taken a padded plan of less damage
+        unconstrained = min(assignment_damage(problem, [d.schemes for d in c]) for c in itertools.product(menu, repeat=4)
+                            if assignment_cost(budget, problem.layers, [d.schemes for d in c], table)
+                            <= budget.limit(problem.layers) * (1 + 1e-9))
+        padded_optimum += unconstrained < sol.damage - 1e-12
+    assert padded_optimum, "the no-padding constraints never bound"
 
 
 def test_per_layer_pairs_fit_the_head_dims():

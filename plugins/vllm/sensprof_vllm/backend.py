@@ -61,8 +61,8 @@ class SensprofKVImpl(AttentionImpl):
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
         self.logits_soft_cap = logits_soft_cap or 0.0
-        # a query at p sees keys p - window < k <= p (vLLM's and HF's rule); sliding-window models are refused by
-        # plan.py for now (vLLM pads their pages), the masking was checked on a tiny Gemma 3 (docs/vllm-plugin.md)
+        # a query at p sees keys p - window < k <= p (vLLM's and HF's rule); served on a tiny Gemma 3 where vLLM pads
+        # nothing (plan.py check_pool; docs/vllm-plugin.md)
         self.sliding_window = sliding_window
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = None

@@ -16,8 +16,8 @@ import inspect
 import logging
 import weakref
 
-from .plan import FP8, PlanError, check_layer, check_model, check_platform_dtypes, check_version, global_dtype, \
-    is_pair, plan_from_additional_config
+from .plan import FP8, PlanError, check_layer, check_model, check_platform_dtypes, check_pool, check_version, \
+    cpu_pool, global_dtype, is_pair, plan_from_additional_config
 
 logger = logging.getLogger("vllm.sensprof_plan")  # under "vllm": vLLM's own handler and format print it
 _MARK = "_sensprof_plan_wrapped"
@@ -26,10 +26,12 @@ _MARK = "_sensprof_plan_wrapped"
 class _State:
     """What the first layer of one vLLM config found: the plan and the global dtype it set."""
 
-    def __init__(self, plan, global_dtype: str):
+    def __init__(self, plan, global_dtype: str, platform: str):
         self.plan = plan
         self.global_dtype = global_dtype
+        self.platform = platform
         self.built: dict[int, str] = {}
+        self.shapes: dict[int, tuple] = {}  # layer -> (dtype, kv_heads, head_dim, window) as built
 
 
 # id(vllm_config) -> (a weak reference to it, its state or None: no plan). Weak, so that a finished engine's config
@@ -110,7 +112,7 @@ def _state(vllm_config) -> _State | None:
                 "the global dtype)", plan.num_layers, plan.architecture, f" ({plan.name})" if plan.name else "",
                 cache.cache_dtype, g)
     cache.cache_dtype = g
-    state = _State(plan, g)
+    state = _State(plan, g, platform)
     _states[key] = (weakref.ref(vllm_config), state)
     return state
 
@@ -139,14 +141,11 @@ def _wrap(orig):
         if getattr(a.get("quant_config"), "kv_cache_scheme", None) is not None:
             raise PlanError("the checkpoint's quantization config declares a kv_cache_scheme, which would override "
                             "the plan (attention.py); serve a checkpoint without it, or drop sensprof_plan")
-        window = a.get("per_layer_sliding_window")
-        if window is None:
-            window = cache.sliding_window
         try:
             index = extract_layer_index(prefix)
         except (AssertionError, ValueError):
             index = None
-        dtype = check_layer(state.plan, index, prefix, window, a.get("attn_type") == AttentionType.DECODER)
+        dtype = check_layer(state.plan, index, prefix, a.get("attn_type") == AttentionType.DECODER)
         pair = is_pair(dtype)
         if pair:  # Keys and Values in their own formats: the model dtype as vLLM sees it, the plugin's backend
             from .backend import backend_for, register
@@ -169,17 +168,65 @@ def _wrap(orig):
                             f"{self.attn_backend.get_name()}), not the plan's {dtype}; this vLLM overrides per-layer "
                             "dtypes, serve without sensprof_plan")
         state.built[index] = dtype
+        state.shapes[index] = (dtype, int(self.num_kv_heads), int(self.head_size), self.sliding_window)
         logger.info("sensprof plan: layer %d %s kv_cache_dtype=%s backend=%s", index, prefix, dtype,
                     self.attn_backend.get_name())
+        if state.platform == "cpu" and len(state.shapes) == state.plan.num_layers:  # the last layer: the whole pool
+            import torch
+
+            vc = get_current_vllm_config()
+            itemsize = torch.empty((), dtype=vc.model_config.dtype).element_size()
+            block = int(vc.cache_config.block_size or 128)
+            layers = [state.shapes[i] for i in range(state.plan.num_layers)]
+            check_pool(state.plan, layers, itemsize, block)
+            pool = cpu_pool(layers, itemsize, block)
+            if len(pool.groups) > 1:
+                logger.info("sensprof plan: %d KV cache groups (sliding-window and full layers), %g B/token, vLLM "
+                            "pads nothing", len(pool.groups), pool.bytes_per_token)
 
     setattr(__init__, _MARK, True)
     return __init__
 
 
-def install() -> None:
-    """Wrap Attention.__init__ once per process (vLLM loads general plugins in every process, maybe repeatedly)."""
-    from vllm.model_executor.layers.attention.attention import Attention
+def pool_bytes_per_token(config) -> float:
+    """What one token takes in a KVCacheConfig's shared pool when every group holds it: a block id costs the pool's
+    bytes per block (each tensor is num_blocks of them, the groups alias one buffer), and each group takes one block
+    per block_size tokens."""
+    per_block = max(t.size for t in config.kv_cache_tensors) / config.num_blocks
+    return sum(per_block / g.kv_cache_spec.block_size for g in config.kv_cache_groups)
 
-    if getattr(Attention.__init__, _MARK, False):
-        return
-    Attention.__init__ = _wrap(Attention.__init__)
+
+def _wrap_kv_cache_configs(orig):
+    @functools.wraps(orig)
+    def get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory):
+        configs = orig(vllm_config, kv_cache_specs, available_memory)
+        if plan_from_additional_config(getattr(vllm_config, "additional_config", None)) is None:
+            return configs
+        for specs, config in zip(kv_cache_specs, configs):  # nothing is served in a pool other than the one priced
+            own = sum(s.real_page_size_bytes / s.block_size for s in specs.values())
+            got = pool_bytes_per_token(config) if config.kv_cache_tensors else own
+            if got != own:
+                raise PlanError(f"vLLM's KV cache config takes {got:g} B/token for this plan where its layers take "
+                                f"{own:g} (vLLM pads pages or groups); re-plan with sensprof plan --per-layer, or "
+                                "serve without sensprof_plan")
+        return configs
+
+    setattr(get_kv_cache_configs, _MARK, True)
+    return get_kv_cache_configs
+
+
+def install() -> None:
+    """Wrap Attention.__init__ once per process (vLLM loads general plugins in every process, maybe repeatedly), and
+    the engine core's get_kv_cache_configs, which then checks the pool of a planned engine against its layers."""
+    import sys
+
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.v1.core import kv_cache_utils
+
+    if not getattr(Attention.__init__, _MARK, False):
+        Attention.__init__ = _wrap(Attention.__init__)
+    if not getattr(kv_cache_utils.get_kv_cache_configs, _MARK, False):
+        kv_cache_utils.get_kv_cache_configs = _wrap_kv_cache_configs(kv_cache_utils.get_kv_cache_configs)
+    core = sys.modules.get("vllm.v1.engine.core")  # imported before the plugin loaded: its own name, too
+    if core is not None and not getattr(core.get_kv_cache_configs, _MARK, False):
+        core.get_kv_cache_configs = kv_cache_utils.get_kv_cache_configs

