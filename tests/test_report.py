@@ -74,7 +74,8 @@ def read_csv(path):
 
 
 EXPECTED_PNGS = {"damage_heatmap.png", "kv_sensitivity.png", "outlier_ratio.png", "frontier.png",
-                 "plan-plan6-strip.png", "plan-plan6-damage.png", "plan-bare-strip.png", "plan-bare-damage.png"}
+                 "plan-plan6-strip.png", "plan-plan6-damage.png", "plan-bare-strip.png", "plan-bare-damage.png",
+                 "plans-side-by-side.png"}
 
 
 # --------------------------------------------------------------------------- files
@@ -481,3 +482,22 @@ def test_engine_check_compares_with_what_the_engine_was_held_to(tmp_path):
     assert read_engine_check(str(old)).compared_kl.iloc[0] == pytest.approx(0.014)
     assert read_engine_check(str(new)).compared_kl.iloc[0] == pytest.approx(0.014)
     assert read_engine_check(str(tmp_path / "old.csv")).numerics_draws.iloc[0] == 0
+
+
+def test_plans_side_by_side(run):
+    """Two or more plans: one section shows them together, layers aligned, each layer labelled with what it is served
+    as; its table is each plan's per-layer choice."""
+    from sensprof.artifacts import load_plan
+    from sensprof.report import served_labels
+
+    page = open(os.path.join(run.out, "report.html")).read()
+    assert "Plans side by side" in page and "plans-side-by-side.png" in os.listdir(run.out)
+    plan = load_plan(str(run.plan))
+    for p in plan.layers:  # the per-layer table names each layer's K / V schemes
+        k = "-" if p.k_scheme == "none" else p.k_scheme
+        v = "-" if p.v_scheme == "none" else p.v_scheme
+        assert f"{k} / {v}" in page
+    # a per-layer vLLM plan's layers are labelled with the dtype sensprof's plugin serves them as
+    per_layer = load_plan(os.path.join(os.path.dirname(__file__), "..", "plans",
+                                       "smollm2-135m-vllm-cpu-per-layer-8bits.json"))
+    assert [x.replace("\n", "/") for x in served_labels(per_layer)] == list(per_layer.layer_dtypes)

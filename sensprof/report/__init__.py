@@ -180,6 +180,39 @@ def _plan_sections(plan, path: str, stem: str, profile, damage) -> list[Section]
     return [strip_sec, dmg_sec, *_engine_sections(path, stem)]
 
 
+def served_labels(plan) -> list[str]:
+    """What each layer of a plan is served as: a vLLM per-layer plan's dtype (sensprof's plugin: `fp8_e4m3`,
+    `k:auto/v:int4_t64`, ...), otherwise its K and V schemes."""
+    if plan.layer_dtypes:
+        return [d.replace("/", "\n") for d in plan.layer_dtypes]
+    return [f"{'-' if p.k_scheme == 'none' else p.k_scheme}\n{'-' if p.v_scheme == 'none' else p.v_scheme}"
+            for p in plan.layers]
+
+
+def _side_by_side_section(loaded_plans, stems) -> Section:
+    """Every plan of the report in one figure and one table, layers aligned: per-layer vLLM plans (each layer its own
+    dtype through sensprof's plugin) beside one-dtype + skip plans and sensprof's own."""
+    import pandas as pd
+
+    strips = [data.plan_strip(plan) for _, plan in loaded_plans]
+    labels = [served_labels(plan) for _, plan in loaded_plans]
+    n = max(len(s) for s in strips)
+    table = pd.DataFrame({"layer": range(n), "kind": (list(strips[0].layer_kind) + [""] * n)[:n]})
+    for stem, lab in zip(stems, labels):
+        table[stem] = [x.replace("\n", " / ") for x in lab] + [""] * (n - len(lab))
+    summary = pd.DataFrame([{"plan": stem, "target": plan.target, "engine": plan.engine_summary(),
+                             "bits_per_element": plan.predicted.avg_bits, "predicted_damage": plan.predicted.damage}
+                            for stem, (_, plan) in zip(stems, loaded_plans)])
+    fig = plots.plans_side_by_side(strips, stems, labels, f"{len(stems)} plans side by side")
+    return Section(
+        "Plans side by side", (
+            "Each plan as two rows (its key cache over its value cache) per layer, on one bits-per-element colour "
+            "scale, labelled with what the layer is served as: a per-layer vLLM plan's dtype (sensprof's vLLM plugin, "
+            "`k:<K>/v:<V>` for Keys and Values in their own formats), otherwise the K and V schemes (- unquantized)."),
+        "plans-side-by-side.png", plots.png_bytes(fig),
+        [Table("plans", _round(summary)), Table("per layer", table, collapsed=n > 12)])
+
+
 def _engine_sections(path: str, stem: str) -> list[Section]:
     """One section per `sensprof validate --engine` CSV beside the plan (<plan>.engine-<engine>.csv)."""
     out = []
@@ -240,8 +273,11 @@ def write_report(profile_dir: str, out_dir: str, plans=(), sweeps=(), metric: st
         uniform_measured = pd.concat(um).drop_duplicates("config").reset_index(drop=True) if um else None
         sections.append(_sweep_section(loaded_sweeps, profile, uniform_measured))
     taken: set[str] = set()
-    for (path, plan), damage in zip(loaded_plans, damages):
-        sections += _plan_sections(plan, path, _stem(path, taken), profile, damage)
+    stems = [_stem(path, taken) for path, _ in loaded_plans]
+    if len(loaded_plans) > 1:
+        sections.append(_side_by_side_section(loaded_plans, stems))
+    for (path, plan), damage, stem in zip(loaded_plans, damages, stems):
+        sections += _plan_sections(plan, path, stem, profile, damage)
 
     meta = profile.meta
     layers = meta["layers"]

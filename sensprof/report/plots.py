@@ -397,3 +397,45 @@ def engine_check(df, title: str) -> Figure:
                         zip(df.config, df.seq_len, df.agrees)], fontsize=8)
     return _finish_kl_bars(fig, ax, n, title, "KL(engine's own baseline ‖ quantized), mean per token (log scale); "
                                               "label: configuration @ tokens")
+
+
+def plans_side_by_side(strips: list, names: list[str], labels: list[list[str]], title: str) -> Figure:
+    """Several plans of one model, one band per plan (its K row over its V row), layers aligned, coloured on one
+    bits-per-element scale; each layer's cell pair labelled with what the plan serves there (`labels`: a vLLM
+    per-layer plan's dtype, otherwise the K/V schemes)."""
+    import matplotlib
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    n = max(len(s) for s in strips)
+    rows = 2 * len(strips)
+    fig = new_figure(max(7.5, 0.42 * n + 3.2), 1.0 + 1.1 * len(strips) + 0.6)
+    ax = fig.subplots()
+    z = np.full((rows, n), np.nan)
+    for p, s in enumerate(strips):
+        z[2 * p, :len(s)] = s.k_bits.to_numpy(float)
+        z[2 * p + 1, :len(s)] = s.v_bits.to_numpy(float)
+    levels = sorted(set(z[~np.isnan(z)].ravel().tolist()))
+    k = len(levels)
+    colours = matplotlib.colormaps["cividis"](np.linspace(0.0, 1.0, k) if k > 1 else [0.55])
+    idx = np.where(np.isnan(z), np.nan, np.vectorize(lambda b: levels.index(b) if b == b else 0)(z))
+    im = ax.imshow(np.ma.masked_invalid(idx), aspect="auto", cmap=ListedColormap(colours),
+                   norm=BoundaryNorm(np.arange(-0.5, k), k), interpolation="nearest",
+                   extent=(-0.5, n - 0.5, rows - 0.5, -0.5))
+    fs = 6.5 if n <= 32 else 5
+    for p, s in enumerate(strips):
+        for j, (r, label) in enumerate(zip(s.itertuples(), labels[p])):
+            top = levels.index(r.k_bits)
+            ax.text(j, 2 * p + 0.5, label, ha="center", va="center", rotation=90, fontsize=fs, linespacing=1.0,
+                    color="white" if _luma(colours[top]) < 0.5 else "black")
+    ax.set_yticks(range(rows))
+    ax.set_yticklabels([f"{name} {t}" for name in names for t in ("K", "V")], fontsize=8)
+    ax.set_xticks(range(n))
+    ax.set_xticklabels([str(x) for x in range(n)], fontsize=8 if n > 20 else 9)
+    ax.hlines(np.arange(1.5, rows - 1, 2), -0.5, n - 0.5, color="white", lw=3)
+    ax.vlines(np.arange(0.5, n - 1), -0.5, rows - 0.5, color="white", lw=0.6)
+    ax.set_xlabel("layer")
+    cb = fig.colorbar(im, ax=ax, pad=0.01, ticks=range(k), fraction=0.03 if n > 20 else 0.05)
+    cb.ax.set_yticklabels([f"{b:g}" for b in levels])
+    cb.set_label("bits per element", fontsize=9)
+    ax.set_title(title, fontsize=10, loc="left")
+    return fig
