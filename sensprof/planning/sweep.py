@@ -1,5 +1,6 @@
-"""`sensprof sweep`: plans over a range of budgets, and with --validate each measured beside the menu's uniform
-configurations (every layer one K and one V scheme) on unseen windows: the frontier the plans must beat."""
+"""`sensprof sweep`: plans over a range of budgets, and with --validate each measured beside uniform configurations
+(every layer one K and one V scheme) on unseen windows: the menu's, and for target sensprof the best it stores within
+each plan's memory, menus or not (sensprof.validation.baselines): the frontier the plans must beat."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: s
     """Plans at each budget in `out` (default plans/sweep-<model>-<target>) and sweep.csv, each chosen by measured KL
     on `select_measured` windows as `plan --select-measured` chooses (of the user's `select_text` files, as
     `plan --select-text`; 0: the planner's plans, by prediction); with
-    `validate`, each plan and the menu's uniform configurations measured on unseen windows (uniform.csv). Returns
+    `validate`, each plan and the uniform configurations measured on unseen windows (uniform.csv). Returns
     (table, out)."""
     import pandas as pd
 
@@ -92,7 +93,7 @@ def run_sweep(profile_dir: str, *, avg_bits=(3, 3.5, 4, 4.5, 5, 6, 8), target: s
 
 
 def _validate_sweep(df, profile, plans, which, windows, seq_len, model_options, out, log, loaded=None):
-    """Measure each plan and the menu's uniform configurations on unseen windows, and compare (compare_with_uniform)."""
+    """Measure each plan and the uniform configurations on unseen windows, and compare (compare_with_uniform)."""
     import pandas as pd
 
     from ..files import atomic_write_text
@@ -114,7 +115,8 @@ def _validate_sweep(df, profile, plans, which, windows, seq_len, model_options, 
     standard = pd.DataFrame([{"config": name, "k_scheme": k, "v_scheme": v,
                               "avg_bits": config_bits(profile.meta, [(k, v)] * n), "predicted_kl": float("nan")}
                              for name, (k, v) in UNIFORM.items()])
-    uniform = pd.concat([uniform, standard[~standard.config.isin(uniform.config)]], ignore_index=True)
+    uniform = pd.concat([uniform, standard[~standard.config.isin(uniform.config)],
+                         _baselines(df, by_path, template, loaded, ids, which, log, profile.meta)], ignore_index=True)
     uniform = uniform.drop_duplicates(["k_scheme", "v_scheme"])
     for r in uniform.itertuples():
         configs[r.config] = layer_choices(template, (r.k_scheme, r.v_scheme))
@@ -142,6 +144,29 @@ def _validate_sweep(df, profile, plans, which, windows, seq_len, model_options, 
     df = df.assign(validation_tokens=f"{ids.shape[0]}x{ids.shape[1]}")
     atomic_write_text(os.path.join(out, "uniform.csv"), uniform.to_csv(index=False))
     return df
+
+
+def _baselines(df, by_path, template, loaded, ids, which, log, meta):
+    """The best uniform configurations sensprof stores within each plan's memory, menus or not
+    (sensprof.validation.baselines; one screen on the first window, up to 512 tokens, shared by every budget)."""
+    import pandas as pd
+
+    from ..report.data import config_bits
+    from ..validation.baselines import baseline_name, best_uniforms_each, plan_cost, screen_length
+    from ..validation.validate import plan_reads
+
+    columns = ["config", "k_scheme", "v_scheme", "avg_bits", "predicted_kl"]
+    if which == "none" or template.target != "sensprof":
+        return pd.DataFrame(columns=columns)
+    plans = [by_path[p] for p in df.plan]
+    short = ids[:1, :screen_length(int(meta["settings"]["seq_len"]), int(ids.shape[1]))]
+    each, _, _ = best_uniforms_each(loaded.model, short, template, [(p.budget, plan_cost(p)) for p in plans],
+                                    plan_reads(template), log=log)
+    n = len(template.layers)
+    rows = {(c.k, c.v): {"config": baseline_name(c), "k_scheme": c.k, "v_scheme": c.v,
+                         "avg_bits": config_bits(meta, [(c.k, c.v)] * n), "predicted_kl": float("nan")}
+            for chosen in each for c in chosen}
+    return pd.DataFrame(list(rows.values()), columns=columns)
 
 
 MORE_BITS = 0.5  # "equal or more memory": uniform configurations with up to this many bits per element more

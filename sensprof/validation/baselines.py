@@ -62,11 +62,21 @@ def best_uniforms(model, ids, plan: Plan, budget=None, limit: float | None = Non
     """(the `top` baselines, K screen, V screen) within `budget` (default the plan's) and `limit` (default the
     budget's limit; validate passes the plan's own cost)."""
     budget = budget or plan.budget
-    found = candidates(budget, layer_info(plan.layers), limit)
-    k_damage, v_damage = screen(model, ids, plan, found, reads, log)
-    ranked = [c for c in rank(found, k_damage, v_damage, len(found))
-              if math.isfinite(k_damage.get(c.k, 0.0) + v_damage.get(c.v, 0.0))]
-    return ranked[:top], k_damage, v_damage
+    (chosen,), k_damage, v_damage = best_uniforms_each(model, ids, plan, [(budget, limit)], reads, top, log)
+    return chosen, k_damage, v_damage
+
+
+def best_uniforms_each(model, ids, template: Plan, bounds, reads: str = "streaming", top: int = TOP, log=None):
+    """([the `top` baselines of each (budget, limit) in `bounds`], K screen, V screen): one screen of every scheme
+    any of them can use (a sweep's budgets share it)."""
+    found = [candidates(budget, layer_info(template.layers), limit) for budget, limit in bounds]
+    k_damage, v_damage = screen(model, ids, template, [c for each in found for c in each], reads, log)
+
+    def best(configs):
+        ranked = rank(configs, k_damage, v_damage, len(configs))
+        return [c for c in ranked if math.isfinite(k_damage.get(c.k, 0.0) + v_damage.get(c.v, 0.0))][:top]
+
+    return [best(each) for each in found], k_damage, v_damage
 
 
 def baseline_name(c: Uniform) -> str:

@@ -422,6 +422,11 @@ def test_sweep_writes_the_frontier_and_validates_each_plan(cli_run, capsys, tmp_
     assert (df.measured_kl.iloc[:-1] > 0).all() and df.measured_kl.iloc[-1] == pytest.approx(0.0, abs=1e-9)
     for path in df.plan:
         assert os.path.isfile(path)
+    uniform = pd.read_csv(out / "uniform.csv")  # the best uniform settings sensprof stores, menus or not, per budget
+    best = uniform[uniform.config.str.startswith("best uniform ")]
+    assert len(best) >= 3 and "baselines: screening" in printed
+    assert (best.avg_bits <= df.avg_bits.max() + 1e-9).all()
+    assert not best.k_scheme.isin(PROFILE_SCHEMES.split(",")).all()  # not only what the profile measured
 
 
 def test_sweep_refuses_a_malformed_budget_list(cli_run, capsys):
