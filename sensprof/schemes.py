@@ -191,11 +191,12 @@ def _register_engine_schemes() -> None:
 
 _register_engine_schemes()
 
-# The default menus, per tensor: keys per channel (outlier channels share a scale only along tokens), values
-# per token, 2 to 8 bits in small steps; the lowest-bit keys also with 4 sink tokens and a 32-token residual window
-# (a short one: a profile's few hundred tokens would make a long window look cheaper than it is at length).
+# The default menus, per tensor: keys per channel (outlier channels share a scale only along tokens) over 32-, 64-
+# and 128-token groups (64: the uniform KIVI setting that beat 5-bit plans made without it, docs/plan-quality.md),
+# values per token, 2 to 8 bits in small steps; the lowest-bit keys also with 4 sink tokens and a 32-token residual
+# window (a short one: a profile's few hundred tokens would make a long window look cheaper than it is at length).
 DEFAULT_K_SCHEMES = tuple(
-    [f"int{b}_c{g}" for b in (2, 3, 4, 5, 6, 8) for g in (32, 128)]
+    [f"int{b}_c{g}" for b in (2, 3, 4, 5, 6, 8) for g in (32, 64, 128)]
     + ["fp8_e4m3_cal", "int2_c32_s4", "int3_c32_s4", "int2_c32_r32_s4", "int3_c32_r32_s4"])
 DEFAULT_V_SCHEMES = tuple([f"int{b}_t{g}" for b in (2, 3, 4, 5, 6, 8) for g in (32, 64)] + ["fp8_e4m3"])
 # The old small menu, profiled on K and V alike; kept for `--schemes legacy`-style comparisons in benchmarks.
