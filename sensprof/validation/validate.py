@@ -39,7 +39,8 @@ def layer_choices(plan: Plan, pairs) -> list[LayerPlan]:
 
 def reference_configs(plan: Plan) -> dict[str, list[LayerPlan]]:
     """Uniform configurations to compare the plan with: the common ones and the target's own (each distinct
-    choice once); for vLLM, each dtype alone with only the layers vLLM itself keeps (its default)."""
+    choice once); for vLLM, each dtype alone with only the layers vLLM itself keeps (its default); for llama.cpp,
+    each type on K and V, and every -ctk/-ctv pair of no more memory than the plan."""
     configs = _Distinct()
     for name, pair in UNIFORM.items():
         configs.setdefault(name, layer_choices(plan, pair))
@@ -56,10 +57,15 @@ def reference_configs(plan: Plan) -> dict[str, list[LayerPlan]]:
         for d in get_target("sglang").dtypes:
             if d.k_scheme != "none":
                 configs.setdefault(f"sglang {d.flag_value} ({d.k_scheme}), all layers", layer_choices(plan, d.schemes))
-    if plan.target == "llamacpp":
-        for d in get_target("llamacpp", channel_order=plan.engine.channel_order).dtypes:
-            if d.k_scheme != "none":
-                configs.setdefault(f"llama.cpp -ctk {d.flag_value} -ctv {d.flag_value}", layer_choices(plan, d.schemes))
+    if plan.target == "llamacpp":  # each type on both, and every -ctk/-ctv pair of no more memory than the plan
+        types = [d for d in get_target("llamacpp", channel_order=plan.engine.channel_order).dtypes
+                 if d.k_scheme != "none"]
+        plan_bits = predicted_summary(plan.layers)["avg_bits"]
+        for dk in types:
+            for dv in types:
+                layers = layer_choices(plan, (dk.k_scheme, dv.v_scheme))
+                if dk is dv or predicted_summary(layers)["avg_bits"] <= plan_bits + 1e-9:
+                    configs.setdefault(f"llama.cpp -ctk {dk.flag_value} -ctv {dv.flag_value}", layers)
     if plan.target != "vllm":
         return dict(configs)
     forced = set(plan.engine.forced_skip_layers)

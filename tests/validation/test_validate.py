@@ -381,6 +381,16 @@ def test_reference_configs_of_a_llamacpp_plan(cli_run):
     refs = reference_configs(plan)
     assert [(p.k_scheme, p.v_scheme) for p in refs["llama.cpp -ctk q4_0 -ctv q4_0"]] == [("llamacpp_q4_0.K", "llamacpp_q4_0.V")] * 3
     assert "llama.cpp -ctk f16 -ctv f16" not in refs
+    # every -ctk/-ctv pair a user could pick within the plan's memory, K and V apart; each type on both, whatever
+    from sensprof.planning.plan import predicted_summary
+
+    plan_bits = predicted_summary(plan.layers)["avg_bits"]
+    types = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+    for k in types:
+        for v in types:
+            bits = predicted_summary(layer_choices(plan, (f"llamacpp_{k}.K", f"llamacpp_{v}.V")))["avg_bits"]
+            assert (f"llama.cpp -ctk {k} -ctv {v}" in refs) is (k == v or bits <= plan_bits + 1e-9), (k, v)
+    assert "llama.cpp -ctk q4_0 -ctv q5_0" in refs and "llama.cpp -ctk q8_0 -ctv q5_1" not in refs
 
 
 def test_validation_table_predictions(cli_run):
