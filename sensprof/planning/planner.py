@@ -298,7 +298,13 @@ def _plan_per_layer(problem: Problem, target: Target, budget: Budget) -> Solutio
     best = None
     # a hybrid model (sliding-window and full layers): vLLM pads pages and groups (budget.vllm_cpu_pool); the plan
     # takes only assignments it pads nothing in, at every model dtype it is served at, so the price is the allocation
-    for sizes in (_group_size_choices(layers, windows) if hybrid else [None]):
+    def pads(pick) -> bool:
+        return any(vllm_cpu_pool([(d.flag_value, layer["kv_heads"], layer["head_dim"], w)
+                                  for d, layer, w in zip(pick, layers, windows)], itemsize).padded
+                   for itemsize in VLLM_CPU_ITEMSIZES)
+
+    # first without the no-padding constraints: where that optimum pads nothing it is the optimum with them
+    for sizes in [None] + (_group_size_choices(layers, windows, [d.flag_value for d in dts]) if hybrid else []):
         prob = pulp.LpProblem("sensprof_vllm_per_layer", pulp.LpMinimize)
         x = {k: pulp.LpVariable(f"x_{k[0]}_{k[1]}", cat="Binary") for k in cost}
         prob += pulp.lpSum(sc * (problem.cell(i, "K", dts[d].k_scheme) + problem.cell(i, "V", dts[d].v_scheme)) * v
@@ -309,31 +315,46 @@ def _plan_per_layer(problem: Problem, target: Target, budget: Budget) -> Solutio
         if sizes is not None:
             _no_padding(prob, x, layers, windows, [d.flag_value for d in dts], sizes)
         status, elapsed = _solve(prob, t0)
-        if status == "Optimal" and (best is None or pulp.value(prob.objective) < best[0]):
-            best = (pulp.value(prob.objective), status,
-                    [dts[next(d for d in range(len(dts)) if x[(i, d)].value() > 0.5)] for i in range(n)])
-        elif status != "Optimal" and not hybrid:
+        if status == "Optimal":
+            pick = [dts[next(d for d in range(len(dts)) if x[(i, d)].value() > 0.5)] for i in range(n)]
+            if sizes is None and hybrid and pads(pick):
+                continue
+            if best is None or pulp.value(prob.objective) < best[0]:
+                best = (pulp.value(prob.objective), status, pick)
+            if sizes is None:
+                break
+        elif sizes is None:
             raise SensprofError(f"the solver ended with status {status}; try a larger budget")
     if best is None:  # hybrid, and no group size admits a padding-free plan within the budget
         raise SensprofError(f"the budget {budget.describe(limit, layers)} is infeasible for target {target.name} on "
                             "this sliding-window model once vLLM's page padding is avoided (every layer's bytes per "
                             "token must divide the largest layer's: docs/vllm-plugin.md); give a larger budget")
     _, status, pick = best
-    if hybrid:  # the constraints above are vLLM's arithmetic: hold them to it
-        for itemsize in VLLM_CPU_ITEMSIZES:
-            pool = vllm_cpu_pool([(d.flag_value, layer["kv_heads"], layer["head_dim"], w)
-                                  for d, layer, w in zip(pick, layers, windows)], itemsize)
-            assert not pool.padded, (pool, [d.flag_value for d in pick])
+    assert not (hybrid and pads(pick)), [d.flag_value for d in pick]  # the constraints are vLLM's arithmetic
     return _finish(problem, budget, [d.schemes for d in pick], per_layer_engine(pick, target.gpu), status,
                    time.perf_counter() - t0)
 
 
-def _group_size_choices(layers, windows) -> list[tuple[int, ...]]:
+def _buckets(layers, windows, flags, itemsize) -> dict[tuple, list[tuple[int, int]]]:
+    """(layer, dtype index) choices by the vLLM spec they give the layer at `itemsize` (window, shape, storage)."""
+    out: dict[tuple, list[tuple[int, int]]] = {}
+    for i, layer in enumerate(layers):
+        for d, f in enumerate(flags):
+            key = (windows[i], layer["kv_heads"], layer["head_dim"], vllm_storage(f, layer["head_dim"], itemsize))
+            out.setdefault(key, []).append((i, d))
+    return out
+
+
+def _group_size_choices(layers, windows, flags) -> list[tuple[int, ...]]:
     """The smallest bucket's size vLLM groups by, per served model dtype: every bucket of a padding-free plan is a
-    multiple of it, so it divides each attention type's layer count."""
+    multiple of it, so it divides each attention type's layer count. Where the dtypes make the same buckets at every
+    model dtype (the usual case), the sizes are one and the same."""
     counts = [windows.count(w) for w in dict.fromkeys(windows)]
     g = math.gcd(*counts)
     divisors = [m for m in range(1, g + 1) if g % m == 0]
+    parts = {frozenset(frozenset(v) for v in _buckets(layers, windows, flags, i).values()) for i in VLLM_CPU_ITEMSIZES}
+    if len(parts) == 1:
+        return [(m,) * len(VLLM_CPU_ITEMSIZES) for m in divisors]
     return list(itertools.product(divisors, repeat=len(VLLM_CPU_ITEMSIZES)))
 
 
@@ -355,16 +376,11 @@ def _no_padding(prob, x, layers, windows, flags, sizes) -> None:
             prob += v <= pulp.lpSum(u[top] for top in tops if top % c[k] == 0)
         for top in tops:
             prob += pulp.lpSum(v for k, v in x.items() if c[k] == top) >= u[top]
-        buckets: dict[tuple, list] = {}
-        for (i, d), v in x.items():
-            key = (windows[i], layers[i]["kv_heads"], layers[i]["head_dim"],
-                   vllm_storage(flags[d], layers[i]["head_dim"], itemsize))
-            buckets.setdefault(key, []).append(v)
         exact = []
-        for j, members in enumerate(buckets.values()):
+        for j, members in enumerate(_buckets(layers, windows, flags, itemsize).values()):
             k = pulp.LpVariable(f"k_{t}_{j}", lowBound=0, upBound=n // m, cat="Integer")
             w = pulp.LpVariable(f"w_{t}_{j}", cat="Binary")
-            prob += pulp.lpSum(members) == m * k
+            prob += pulp.lpSum(x[c] for c in members) == m * k
             prob += w <= k
             prob += k - 1 <= (n // m) * (1 - w)
             exact.append(w)
