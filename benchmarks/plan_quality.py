@@ -8,7 +8,9 @@ read as the target reads it. Prints one table per length and writes a CSV.
 For each budget it plans twice: the priced plan (`sensprof plan`, damage priced at the serving length, default
 4096 tokens) and the plan chosen by measurement (`plan --select-measured N`). The uniform configurations measured
 are, at every budget, those within it that the priced profile predicts best (--uniform-top) plus the one that spends
-the most memory; "best uniform" is the lowest measured KL among those with no more memory (long-context bits, the
+the most memory, and (target sensprof) the uniform baselines of every configuration sensprof stores within each
+budget (sensprof.validation.baselines: `uniform K / V` rows, --no-baselines leaves them out); with --text, the
+windows are of that text (text of another kind than the profile's); "best uniform" is the lowest measured KL among those with no more memory (long-context bits, the
 planner's budget unit) than the plan. Targets (issue 25): plan / best uniform <= 0.5 at 4x the profile's length,
 never above 1.0; measured / predicted (the profile priced at that length, times the joint factor a selected plan
 measured on the selection's windows, as validate predicts it) in 0.8-1.25.
@@ -45,6 +47,12 @@ def main():
     ap.add_argument("--model", default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--text", action="append", default=None, metavar="FILE",
+                    help="judge on windows of this text (files, folders, JSONL) instead of the profile's unseen ones: "
+                         "text of another kind than the profile's")
+    ap.add_argument("--no-baselines", action="store_true",
+                    help="sensprof target: leave out the uniform baselines of every configuration sensprof stores "
+                         "(sensprof.validation.baselines), keeping the menus' candidates only")
     args = ap.parse_args()
 
     from sensprof.planning.budget import Budget
@@ -95,6 +103,18 @@ def main():
         uniforms.update(uniform_candidates(problem, budget, meta["layers"], top=args.uniform_top))
     template = plans[(budgets[0], "selected" if args.select else "priced")]
     reads = plan_reads(template)
+    text = None
+    if args.text:
+        from sensprof.validation.validate import read_user_text
+
+        text = read_user_text(template.profile.settings.get("text_digest"), args.text)
+    if args.target == "sensprof" and not args.no_baselines:  # every uniform configuration sensprof stores
+        from sensprof.validation.baselines import best_uniforms_each, screen_length
+
+        short = validation_windows(template, loaded.tokenizer, 1, screen_length(own, max(lengths)), text)
+        each, _, _ = best_uniforms_each(loaded.model, short, template, [(Budget("avg_bits", b), None) for b in budgets],
+                                        reads, log=print)
+        uniforms.update({c.name: (c.k, c.v) for chosen in each for c in chosen})
     layers = meta["layers"]
 
     def per_layer(pair):  # one (K, V) pair for every layer, or a list of pairs
@@ -108,7 +128,7 @@ def main():
     rows = []
     for n in lengths:
         # the windows validate judges a selected plan on: neither the profile's nor the selection's
-        ids = validation_windows(template, loaded.tokenizer, args.windows, n)
+        ids = validation_windows(template, loaded.tokenizer, args.windows, n, text)
         configs, alias, seen = {}, {}, {}
         named = [(f"{kind} plan {b:g}", p.layers) for (b, kind), p in plans.items()]
         named += [(name, layer_choices(template, pair)) for name, pair in uniforms.items()]
