@@ -774,6 +774,9 @@ def test_per_layer_plan_of_a_sliding_window_model_exports_vllms_pool(capsys, tmp
     pool = re.search(r"# vLLM's KV pool \(its CPU page/block arithmetic, docs/vllm-plugin.md\): ([\d,]+) bytes/token at "
                      r"bf16 in 6 KV cache groups, nothing padded: the plan's price", out)
     assert int(pool.group(1).replace(",", "")) == printed == 25 * 3 * 128 + 5 * 3 * 256
+    assert out.count("bytes per token") + out.count("bytes/token") == 2  # no other pool figure (0.33's GPU one)
+    fit = re.search(r"# in 80 GiB of KV cache: ([\d,]+) tokens", out)
+    assert int(fit.group(1).replace(",", "")) == 80 * 2**30 // printed
     line = one_error_line(*run_cli(capsys, "export", _as_sliding_window_model(tmp_path), "--format", "vllm"))
     assert re.search(r"vLLM would pad this per-layer plan's KV pages on a sliding-window model: [\d,]+ bytes per token "
                      r"where its layers take 11,520 .*re-plan it with `sensprof plan --per-layer`", line), line

@@ -222,10 +222,10 @@ def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[
             lines.append("# this plan was measured with calibrated scales: add --write-checkpoint DIR to get "
                          "them into vLLM (without them vLLM uses scale 1.0)")
     argv = vllm_argv(plan, model_path, opts.vllm_version, opts.vllm_gpu)
+    pool = per_layer_cpu_pool(plan)
     if plan.layer_dtypes:
         lines.append(f"# each layer its own KV dtype through sensprof's vLLM plugin: {PLUGIN_INSTALL}; it refuses "
                      "at start-up a model, vLLM or platform the plan was not made for")
-        pool = per_layer_cpu_pool(plan)
         if pool is not None:
             lines.append(f"# vLLM's KV pool (its CPU page/block arithmetic, docs/vllm-plugin.md): "
                          f"{pool.bytes_per_token:,.0f} bytes/token at bf16 in {len(pool.groups)} KV cache group"
@@ -237,5 +237,6 @@ def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[
             plain = plan.replace(engine=replace(plan.engine, layer_dtypes=()))
             lines.append("# the same plan without the plugin: "
                          + " ".join(vllm_argv(plain, model_path, opts.vllm_version, opts.vllm_gpu)))
-    layers = vllm_layers(plan)
-    return argv, vllm_comments(plan, opts.gpu_mem_gib, layers) + lines, not layers  # vLLM's pool says what fits
+    # vLLM's pool says what fits (facts.plan_pool: 0.33's arithmetic); a per-layer CPU plan's pool is its own price
+    layers = vllm_layers(plan) if pool is None else []
+    return argv, vllm_comments(plan, opts.gpu_mem_gib, layers) + lines, not layers
