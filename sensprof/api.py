@@ -288,13 +288,14 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     lengths = validation_lengths(result, seq_len, loaded.model)
     baselines = None
     if engine is None and result.target == "sensprof":  # every uniform setting it stores in the plan's memory
-        from .validation.baselines import baseline_configs, best_uniforms, plan_cost, screen_length
+        from .validation.baselines import baseline_configs, best_uniforms, plan_cost, recorded_screen, screen_length
         from .validation.validate import plan_reads
 
         own = int(result.profile.settings.get("seq_len") or lengths[0])
         short = validation_windows(result, loaded.tokenizer, 1, screen_length(own, max(lengths)), user_text)
+        known = None if user_text else recorded_screen(result, int(short.shape[1]))  # the selection's, reused
         chosen, _, _ = best_uniforms(loaded.model, short, result, limit=plan_cost(result), reads=plan_reads(result),
-                                     log=log)
+                                     log=log, known=known)
         baselines = baseline_configs(result, chosen)
     for n in lengths:
         if engine is not None:

@@ -39,10 +39,12 @@ def plan_cost(plan: Plan) -> float:
                for p, info in zip(plan.layers, layer_info(plan.layers)))
 
 
-def screen(model, ids, plan: Plan, configs: list[Uniform], reads: str, log=None) -> tuple[dict, dict]:
-    """({K scheme: KL}, {V scheme: KL}): each scheme of `configs` alone on every layer, measured on `ids`."""
-    keys = sorted({c.k for c in configs} - {"none"})
-    values = sorted({c.v for c in configs} - {"none"})
+def screen(model, ids, plan: Plan, configs: list[Uniform], reads: str, log=None, known=None) -> tuple[dict, dict]:
+    """({K scheme: KL}, {V scheme: KL}): each scheme of `configs` alone on every layer, measured on `ids`; those
+    in `known` ({"k": {...}, "v": {...}}, a screen of the same length already made) are not measured again."""
+    known = known or {"k": {}, "v": {}}
+    keys = sorted({c.k for c in configs} - {"none"} - set(known["k"]))
+    values = sorted({c.v for c in configs} - {"none"} - set(known["v"]))
     runs: dict[str, list[LayerPlan]] = {}
     for k in keys:
         runs[f"K {k}"] = layer_choices(plan, (k, "none"))
@@ -50,27 +52,40 @@ def screen(model, ids, plan: Plan, configs: list[Uniform], reads: str, log=None)
         runs[f"V {v}"] = layer_choices(plan, ("none", v))
     if log:
         log(f"baselines: screening {len(keys)} key and {len(values)} value schemes of {len(configs)} uniform "
-            f"configurations on {ids.shape[0]} x {ids.shape[1]} tokens")
-    measured = measure(model, ids, runs, reads=reads)
-    k_damage = {k: measured[f"K {k}"]["kl"] for k in keys}
-    v_damage = {v: measured[f"V {v}"]["kl"] for v in values}
+            f"configurations on {ids.shape[0]} x {ids.shape[1]} tokens"
+            + (f" (the plan's selection screened {len(known['k']) + len(known['v'])})" if known["k"] or known["v"]
+               else ""))
+    measured = measure(model, ids, runs, reads=reads) if runs else {}
+    k_damage = {**known["k"], **{k: measured[f"K {k}"]["kl"] for k in keys}}
+    v_damage = {**known["v"], **{v: measured[f"V {v}"]["kl"] for v in values}}
     return k_damage, v_damage
 
 
+def recorded_screen(plan: Plan, tokens: int) -> dict | None:
+    """The screen `plan --select-measured` recorded (solver.select.uniform_screen), where it was made at `tokens` on
+    the profile's text (validate then screens only what it lacks)."""
+    chosen = plan.solver.select or {}
+    screen_ = chosen.get("uniform_screen")
+    if not screen_ or chosen.get("text") or int(screen_.get("tokens", 0)) != tokens:
+        return None
+    return {"k": dict(screen_["k"]), "v": dict(screen_["v"])}
+
+
 def best_uniforms(model, ids, plan: Plan, budget=None, limit: float | None = None, reads: str = "streaming",
-                  top: int = TOP, log=None) -> tuple[list[Uniform], dict, dict]:
+                  top: int = TOP, log=None, known=None) -> tuple[list[Uniform], dict, dict]:
     """(the `top` baselines, K screen, V screen) within `budget` (default the plan's) and `limit` (default the
     budget's limit; validate passes the plan's own cost)."""
     budget = budget or plan.budget
-    (chosen,), k_damage, v_damage = best_uniforms_each(model, ids, plan, [(budget, limit)], reads, top, log)
+    (chosen,), k_damage, v_damage = best_uniforms_each(model, ids, plan, [(budget, limit)], reads, top, log, known)
     return chosen, k_damage, v_damage
 
 
-def best_uniforms_each(model, ids, template: Plan, bounds, reads: str = "streaming", top: int = TOP, log=None):
+def best_uniforms_each(model, ids, template: Plan, bounds, reads: str = "streaming", top: int = TOP, log=None,
+                       known=None):
     """([the `top` baselines of each (budget, limit) in `bounds`], K screen, V screen): one screen of every scheme
     any of them can use (a sweep's budgets share it)."""
     found = [candidates(budget, layer_info(template.layers), limit) for budget, limit in bounds]
-    k_damage, v_damage = screen(model, ids, template, [c for each in found for c in each], reads, log)
+    k_damage, v_damage = screen(model, ids, template, [c for each in found for c in each], reads, log, known)
 
     def best(configs):
         ranked = rank(configs, k_damage, v_damage, len(configs))

@@ -58,3 +58,27 @@ def test_best_uniforms_are_the_least_summed_screen_within_the_memory(tiny):
 def test_the_screen_sees_what_long_groups_quantize():
     assert screen_length(256, 1024) == 512  # a 128-token group and a 32-token residual act within it
     assert screen_length(32, 128) == 128 and screen_length(1024, 4096) == 1024
+
+
+def test_a_known_screen_is_not_measured_again(tiny):
+    """validate reuses the screen the plan's selection recorded (same length, the profile's text) and measures only
+    the schemes it lacks."""
+    import dataclasses
+
+    from sensprof.validation.baselines import recorded_screen
+
+    model, ids, plan = tiny
+    found = candidates(plan.budget, layer_info(plan.layers))
+    keys = {c.k for c in found} - {"none"}
+    sentinel = {k: 123.0 for k in keys}  # no KL is 123: a re-measured key would show
+    logged = []
+    k, v = screen(model, ids, plan, found, "streaming", logged.append, known={"k": sentinel, "v": {}})
+    assert k == sentinel and set(v) == {c.v for c in found} - {"none"}
+    assert "screening 0 key and" in logged[0] and f"the plan's selection screened {len(keys)}" in logged[0]
+    record = {"uniform_screen": {"tokens": 96, "k": sentinel, "v": {}}, "windows": 2}
+    chosen = plan.replace(solver=dataclasses.replace(plan.solver, select=record))
+    assert recorded_screen(chosen, 96) == {"k": sentinel, "v": {}}
+    assert recorded_screen(chosen, 512) is None  # another length: screened afresh
+    assert recorded_screen(plan, 96) is None
+    other_text = plan.replace(solver=dataclasses.replace(plan.solver, select={**record, "text": "mine"}))
+    assert recorded_screen(other_text, 96) is None  # chosen on the user's text
