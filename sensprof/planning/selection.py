@@ -123,6 +123,32 @@ def engine_uniform_plans(profile, problem, tgt, budget, objective: str, pricing,
     return out
 
 
+def _keeping_recent(plan: Plan, problem, budget, layers: list[dict]) -> Plan | None:
+    """The plan with every grouped integer scheme keeping 4 sink tokens and 32 recent ones in full precision
+    (uniforms.keep_recent: what the best uniform baselines do), if that fits the budget and changes anything; each
+    layer's damage is the profile's cell of its new scheme, else of the old one (an upper bound: kept tokens only
+    remove error)."""
+    from .plan import held_avg_bits, predicted_summary
+    from .uniforms import keep_recent
+
+    new = [dataclasses.replace(p, k_scheme=keep_recent(p.k_scheme), v_scheme=keep_recent(p.v_scheme),
+                               k_damage=_cell(problem, p.layer, "K", keep_recent(p.k_scheme), p.k_damage),
+                               v_damage=_cell(problem, p.layer, "V", keep_recent(p.v_scheme), p.v_damage))
+           for p in plan.layers]
+    if all((p.k_scheme, p.v_scheme) == (q.k_scheme, q.v_scheme) for p, q in zip(new, plan.layers)):
+        return None
+    cost = sum(budget.cost(get_scheme(p.k_scheme), info) + budget.cost(get_scheme(p.v_scheme), info)
+               for p, info in zip(new, layers))
+    if cost > budget.limit(layers) * (1 + 1e-9):
+        return None
+    summary = {k: v for k, v in predicted_summary(new).items() if k in {f.name for f in dataclasses.fields(
+        plan.predicted)}}
+    if plan.predicted.context_len:
+        summary["avg_bits_at_context"] = held_avg_bits(new, plan.predicted.context_len)
+    return plan.replace(layers=tuple(new), predicted=dataclasses.replace(
+        plan.predicted, damage=sum(p.k_damage + p.v_damage for p in new), budget_used=cost, **summary))
+
+
 def _finite(x: float) -> float | None:
     """A number for the plan file (which holds no NaN): None where the profile cannot predict it."""
     return x if math.isfinite(x) else None
@@ -194,6 +220,11 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     tgt = get_target(plan.target, gpu, None, {layer["head_dim"] for layer in meta["layers"]})
     table, pricing_used = priced_table(profile, plan.target, tgt, pricing.get("context_len") or budget.context_len)
     problem = problem_from_table(table, meta["layers"], "kl")
+    if plan.target == "sensprof" and uniform_set == "all":  # each plan also with sinks and recent tokens kept
+        for label, candidate in list(plans.items()):
+            kept = _keeping_recent(candidate, problem, budget, meta["layers"])
+            if kept is not None:
+                plans[f"{label} + sinks and 32 recent tokens"] = kept
     screened = None
     if uniform_set not in UNIFORM_CHOICES:
         raise SensprofError(f"--select-uniforms {uniform_set!r}: choose {' or '.join(UNIFORM_CHOICES)}")

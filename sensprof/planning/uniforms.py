@@ -98,6 +98,17 @@ def candidates(budget, layers: list[dict], limit: float | None = None) -> list[U
     return found
 
 
+def keep_recent(name: str) -> str:
+    """The scheme with 4 sink tokens and a 32-token residual window kept in full precision (`_r32_s4`), where it is a
+    grouped integer scheme that keeps none yet; otherwise the scheme itself."""
+    if name == "none":
+        return name
+    s = get_scheme(name)
+    if s.format != "int" or s.group is None or s.residual or s.sink or s.is_engine:
+        return name
+    return name + "_r32_s4"
+
+
 def rank(configs: list[Uniform], k_damage: dict[str, float], v_damage: dict[str, float], top: int) -> list[Uniform]:
     """The `top` configurations of least summed damage (each tensor's measured alone: damage adds across K and V to
     first order, as the planner's sum assumes), ties to the cheaper."""

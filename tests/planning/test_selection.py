@@ -120,6 +120,13 @@ def test_every_uniform_configuration_sensprof_stores_is_a_baseline(sel, tmp_path
         k, v = c["name"].removeprefix("uniform ").split(" / ")
         assert screen["k"].get(k, 0.0) + screen["v"].get(v, 0.0) <= summed[2] + 1e-15
         assert c["budget_used"] <= plan.predicted.budget_limit * (1 + 1e-9)
+    # the plan also with sinks and 32 recent tokens kept on every grouped layer (free in a long-context budget)
+    from sensprof.planning.uniforms import keep_recent
+
+    raw = load_plan_candidates(sel.profile, tmp_path)
+    kept = next(c for c in s["candidates"] if c["name"] == "plan + sinks and 32 recent tokens")
+    assert kept["budget_used"] <= plan.predicted.budget_limit * (1 + 1e-9) and not kept["uniform"]
+    assert any(keep_recent(p.k_scheme) != p.k_scheme for p in raw)
     best = min(s["candidates"], key=lambda c: c["measured_kl"])
     assert s["chosen"] == best["name"] and s["uniform_won"] == best["uniform"]
     assert best["uniform"]  # on this tiny model one does (int6 values, outside the menus): the plan is it

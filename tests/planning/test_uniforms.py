@@ -9,8 +9,8 @@ import pytest
 
 from sensprof.errors import SensprofError
 from sensprof.planning.budget import Budget
-from sensprof.planning.uniforms import (Uniform, at_least_as_precise, candidates, key_schemes, maximal, rank,
-                                        value_schemes, within_budget)
+from sensprof.planning.uniforms import (Uniform, at_least_as_precise, candidates, keep_recent, key_schemes, maximal,
+                                        rank, value_schemes, within_budget)
 
 SMOL = [{"kv_heads": 3, "head_dim": 64, "kind": "full", "window": None}] * 30  # SmolLM2-135M's cache shape
 
@@ -69,3 +69,10 @@ def test_rank_takes_the_least_summed_damage():
     configs = [Uniform("a", "x", 1.0), Uniform("b", "y", 2.0), Uniform("a", "y", 1.5), Uniform("none", "x", 3.0)]
     k, v = {"a": 1.0, "b": 0.1}, {"x": 0.5, "y": 2.0}
     assert [(c.k, c.v) for c in rank(configs, k, v, 2)] == [("none", "x"), ("a", "x")]
+
+
+def test_keep_recent_adds_sinks_and_a_residual_window_to_grouped_integers_only():
+    assert keep_recent("int4_c64") == "int4_c64_r32_s4" and keep_recent("int3_t32") == "int3_t32_r32_s4"
+    assert keep_recent("int4_c32_pre") == "int4_c32_pre_r32_s4"
+    for same in ("none", "fp8_e4m3", "int8_per_token_head", "int2_c32_s4", "int3_c32_r32_s4"):
+        assert keep_recent(same) == same
