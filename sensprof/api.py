@@ -307,6 +307,7 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
             log(f"{engine} ({df.engine.iloc[0]}, run by {engine_at.python}) vs sensprof's emulation, {ids.shape[0]} "
                 f"unseen windows of {n} tokens:")
             log(format_engine_table(df))
+            log(plan_prediction_line(result, df, n, "engine_kl"))
         else:
             df = validate_plan(result, loaded, windows, n, text=user_text, baselines=baselines).assign(
                 seq_len=n, **({"text": user_text.name, "text_digest": user_text.digest(loaded.tokenizer)}
@@ -318,6 +319,7 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
             if result.predicted.joint_factor:
                 log(f"(the plan's pred KL is its per-layer sum times {result.predicted.joint_factor_at(n):g}, the "
                     "joint damage plan --select-measured measured on its own windows)")
+            log(plan_prediction_line(result, df, n, "measured_kl"))
         frames.append(df)
     df = pd.concat(frames, ignore_index=True)
     atomic_write_text(out, df.to_csv(index=False))
@@ -329,6 +331,32 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
                 f"{KL_REL_TOL:.0%} or its noise, mean dNLL within its noise; {FALSE_ALARM:.0%} false alarms) for: "
                 + ", ".join(f"{r.config} at {r.seq_len}" for r in df[~df.agrees].itertuples()))
     return Validation(df, note, out)
+
+
+def plan_prediction_line(plan, df, n: int, measured: str) -> str:
+    """What `plan` and `export` print for the plan, priced at this length, beside what was measured here (`measured`:
+    the column of validate's table, `engine_kl` for an engine's). An engine reads every token (`all`), where the
+    plan's sum holds at every length; validate's own table gives the plan's sum priced at n (`per_layer_sum`, or
+    `predicted_kl` over the joint factor it applied)."""
+    import math
+
+    from .planning.prediction import for_plan
+
+    if not (df.config == "plan").any():
+        return "no plan row in this table, so no printed prediction to compare"
+    row = df[df.config == "plan"].iloc[0]
+    if measured == "engine_kl":
+        total = math.nan  # the plan's own KL sum (prediction.kl_sum)
+    elif "per_layer_sum" in df:
+        total = float(row.per_layer_sum)
+    else:
+        total = float(row.predicted_kl) / (plan.predicted.joint_factor_at(n) or 1.0)
+    p = for_plan(plan, n, total if math.isfinite(total) else None,  # NaN: the profile was not there, or an engine
+                 engine=measured == "engine_kl")
+    if p is None:
+        return (f"plan at {n} tokens: measured KL {row[measured]:.2e}; no printed prediction to compare (its objective "
+                f"is {plan.predicted.objective}, or its profile is not there to price it at {n} tokens)")
+    return f"plan: {p.describe()}; measured here {row[measured]:.2e}, {row[measured] / p.kl:.2f}x it"
 
 
 def export(plan_path: str, *, format: str, model=None, gpu_mem_gib=80.0, vllm_version=None, vllm_gpu=None,

@@ -139,6 +139,16 @@ class Predicted:
                          for n, f in sorted((self.joint_factor or {}).items(), key=lambda x: int(x[0])))
 
 
+def serving_line(plan, n: int | None = None, per_layer_sum: float | None = None) -> str | None:
+    """What the engine is predicted to measure at n tokens (default the plan's serving length), with the band
+    measured for such predictions (sensprof.planning.prediction); None for a plan optimised for another objective,
+    or a streaming plan at another length without its sum priced there."""
+    from .planning.prediction import for_plan
+
+    p = for_plan(plan, n, per_layer_sum)
+    return p.describe() if p else None
+
+
 @dataclass(frozen=True)
 class SolverRecord:
     name: str
@@ -323,6 +333,9 @@ class Plan:
                  + (f"; {p.avg_bits_at_context:.2f} held at {p.context_len} tokens" if p.context_len else "")
                  + f"), predicted {self.objective} {p.damage:.3e}; solver {self.solver.status} in "
                    f"{self.solver.time_s:.2f} s"]
+        serving = serving_line(self)
+        if serving:
+            lines.append(serving)
         chosen = self.solver.select
         if chosen:
             won = (f"the uniform configuration {chosen['chosen'].removeprefix('uniform ')} measured lower KL than every "

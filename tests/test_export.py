@@ -273,11 +273,13 @@ def test_memory_comments():
     plan = vllm_plan(skip=(2,))
     s = predicted_summary(plan.layers)
     lines = memory_comments(plan, 1.0)
-    assert len(lines) == 3 and all(ln.startswith("# ") for ln in lines)
+    assert len(lines) == 4 and all(ln.startswith("# ") for ln in lines)
     fit, fit16 = int(GIB // s["bytes_per_token"]), int(GIB // s["bf16_bytes_per_token"])
     assert f"{fit:,} tokens vs {fit16:,} at bf16 (+{fit - fit16:,})" in lines[1]
     assert f"{s['avg_bits']:.2f} bits/element" in lines[0]
-    assert "1.500e-03" in lines[2]
+    # what the engine is predicted to measure at the serving length, with its measured band (planning/prediction.py)
+    assert lines[2].startswith("# predicted KL ") and "(per-layer sum 1.500e-03" in lines[2] and "measured" in lines[2]
+    assert "1.500e-03" in lines[3]
 
 
 # --------------------------------------------------------------------------- SGLang

@@ -23,7 +23,8 @@ LAYERS = [
     ["profiling", "planning", "validation"],  # the stage folders' __init__.py: docstrings only, they import nothing
     ["files", "specs", "gguf_files", "reaper"],  # reaper: what sensprof starts dies with it; gguf_files: a GGUF file parsed once (models and engines.llamacpp read it)
     ["engines"],  # what serving engines store: catalogs as data (no torch) and emulations; schemes.py asks them
-    ["", "schemes", "memory", "scheme_tables", "planning.budget", "planning.pricing", "rope", "rotation", "data", "quant",
+    ["", "schemes", "memory", "scheme_tables", "planning.budget", "planning.pricing",
+     "planning.prediction", "rope", "rotation", "data", "quant",
      "profiling.screen", "metrics"],
     ["artifacts", "targets", "planning.planner", "planning.uniforms", "profiling.table", "models", "hub"],
     ["profiling.hooks", "profiling.taps", "profiling.outputs", "profiling.suffix", "planning.plan", "export"],

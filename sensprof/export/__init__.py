@@ -12,7 +12,7 @@ import os
 import shlex
 from dataclasses import dataclass
 
-from ..artifacts import Plan, predicted_summary
+from ..artifacts import Plan, predicted_summary, serving_line
 from ..constants import GIB
 from ..errors import SensprofError
 from . import llamacpp, sglang, vllm
@@ -113,6 +113,9 @@ def memory_comments(plan: Plan, gpu_mem_gib: float, fit: bool = True) -> list[st
              f"{s['avg_bits']:.2f} bits/element)"]
     if fit:
         lines.append(f"# in {gpu_mem_gib:g} GiB of KV cache: {n:,} tokens vs {n_bf16:,} at bf16 (+{n - n_bf16:,})")
+    serving = serving_line(plan)  # what the engine is predicted to measure at the plan's serving length, and its band
+    if serving:
+        lines.append(f"# {serving}")
     lines.append(f"# predicted damage (sum of per-layer {plan.objective}): {plan.predicted.damage:.3e}"
                  + (f"; all layers at once measured {plan.predicted.joint_summary()} that sum"
                     if plan.predicted.joint_factor else ""))

@@ -189,7 +189,9 @@ def test_describe_and_default_path(plans):
     plan = plans["vllm"]
     text = plan.describe()
     assert "target vllm" in text and f"kv_cache_dtype={plan.engine.kv_cache_dtype}" in text
-    assert len(text.splitlines()) == 3 + len(plan.layers)
+    assert len(text.splitlines()) == 4 + len(plan.layers)  # + what the engine is predicted to measure (prediction.py)
+    assert text.splitlines()[1].startswith("predicted KL ")
+    assert f" tokens (per-layer sum {plan.predicted.damage:.3e}" in text
     assert plan.default_path() == "plans/tiny-gemma3-vllm-10bits.json"
     assert plans["llamacpp"].default_path() == "plans/tiny-gemma3-llamacpp-0.4frac.json"
 
