@@ -164,14 +164,21 @@ def validation_table(plan: Plan, measured: dict, configs: dict[str, list[LayerPl
     for name, layers in configs.items():
         s = predicted_summary(layers)
         m = measured[name]
-        pred = predicted_damage(profile_table, layers, "kl")  # measured is KL, so predict KL whatever was optimised
-        if name == "plan" and joint:  # the interaction --select-measured measured on its own windows
+        pred = total = predicted_damage(profile_table, layers, "kl")  # measured is KL: predict KL whatever optimised
+        served = None
+        if name == "plan" and seq_len and pred == pred:  # what plan and export print for it at this length
+            from ..planning.prediction import for_plan
+
+            served = for_plan(plan, int(seq_len), pred, engine=False)
+        if served is not None:
+            pred = served.kl
+        elif name == "plan" and joint:  # the interaction --select-measured measured on its own windows
             pred *= joint
         rows.append({"config": name, "avg_bits": s["avg_bits"], "bytes_per_token": s["bytes_per_token"],
                      "vs_bf16": s["bytes_per_token"] / (s["bf16_bytes_per_token"]),
                      "memory_vs_plan": "plan" if name == "plan" else (
                          ">=" if s["avg_bits"] >= plan_bits - 1e-9 else "<"),
-                     "predicted_kl": pred, "measured_kl": m["kl"], "kl_std": m["kl_std"], "dnll": m["dnll"],
+                     "predicted_kl": pred, "per_layer_sum": total, "measured_kl": m["kl"], "kl_std": m["kl_std"], "dnll": m["dnll"],
                      "dppl": m["dppl"], "measured_over_predicted": m["kl"] / pred if pred and pred > 0 else float("nan")})
     return pd.DataFrame(rows)
 

@@ -32,6 +32,7 @@ from ..artifacts import LayerPlan, Plan
 from ..engines.run.process import run_job
 from ..engines.run.python import EnginePython
 from ..errors import SensprofError
+from ..planning.prediction import for_plan
 
 # The agreement an engine is held to (issues 23, 36): KL within 15% of the emulation's, or within the KL ratio's own
 # noise where that is wider; mean ΔNLL within the noise of the paired per-token difference and of the numerics
@@ -522,7 +523,8 @@ def agreement_rows(engine: EnginePython, runs: list[EngineRun], ids: torch.Tenso
         if r.plan is None:
             continue
         settings = " ".join(f"{k}={v}" for k, v in r.settings.items() if v not in ([], False, None))
-        predicted = r.plan.predicted.damage if r.plan.predicted.objective == "kl" else float("nan")
+        served = for_plan(r.plan, int(ids.shape[1]))  # what plan and export print for it at this length
+        predicted = served.kl if served else float("nan")
         rows.append({"config": r.name, "engine": engine.version, "settings": settings, "windows": int(ids.shape[0]),
                      "predicted_kl": predicted, **agreement(eng[r.name], emu[r.name], floor, family)})
     return rows

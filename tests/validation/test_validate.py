@@ -145,7 +145,7 @@ def test_validate_cli_writes_the_table(cli_run, capsys):
     assert f"wrote {csv}" in out
     df = pd.read_csv(csv)
     assert list(df.columns) == ["config", "avg_bits", "bytes_per_token", "vs_bf16", "memory_vs_plan", "predicted_kl",
-                                "measured_kl", "kl_std", "dnll", "dppl", "measured_over_predicted", "seq_len"]
+                                "per_layer_sum", "measured_kl", "kl_std", "dnll", "dppl", "measured_over_predicted", "seq_len"]
     plan = load_plan(cli_run.plan)
     own = plan.profile.settings["seq_len"]
     assert sorted(set(df.seq_len)) == [own, 4 * own]  # the profile's length and 4x it, by default
