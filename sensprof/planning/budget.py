@@ -56,6 +56,13 @@ class Budget:
         tokens = tokens_held(self.max_model_len, layer.get("kind"), layer.get("window"))
         return self.max_num_seqs * layer_cache_bits(scheme, tokens, layer["kv_heads"], layer["head_dim"]) / 8
 
+    def layers_cost(self, pairs, layers: list[dict]) -> float:
+        """What (K, V) scheme names, one pair per layer, cost together in this budget's unit."""
+        from ..schemes import get_scheme
+
+        return sum(self.cost(get_scheme(k), layer) + self.cost(get_scheme(v), layer)
+                   for (k, v), layer in zip(pairs, layers))
+
     def limit(self, layers: list[dict]) -> float:
         if self.kind == "serving":
             return self.value * GIB

@@ -137,8 +137,7 @@ def _keeping_recent(plan: Plan, problem, budget, layers: list[dict]) -> Plan | N
            for p in plan.layers]
     if all((p.k_scheme, p.v_scheme) == (q.k_scheme, q.v_scheme) for p, q in zip(new, plan.layers)):
         return None
-    cost = sum(budget.cost(get_scheme(p.k_scheme), info) + budget.cost(get_scheme(p.v_scheme), info)
-               for p, info in zip(new, layers))
+    cost = budget.layers_cost([(p.k_scheme, p.v_scheme) for p in new], layers)
     if cost > budget.limit(layers) * (1 + 1e-9):
         return None
     summary = {k: v for k, v in predicted_summary(new).items() if k in {f.name for f in dataclasses.fields(
@@ -175,6 +174,8 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     from ..validation.validate import layer_choices, measure, plan_reads, predicted_damage
 
     check_select_args(windows, seq_len, plan.target)
+    if uniform_set not in UNIFORM_CHOICES:
+        raise SensprofError(f"--select-uniforms {uniform_set!r}: choose {' or '.join(UNIFORM_CHOICES)}")
     if windows < 1:
         raise SensprofError(f"--select-measured {windows}: pass the number of windows to measure on, e.g. 2")
     profile = load_profile(profile_dir, require_complete=True)
@@ -226,8 +227,6 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
             if kept is not None:
                 plans[f"{label} + sinks and 32 recent tokens"] = kept
     screened = None
-    if uniform_set not in UNIFORM_CHOICES:
-        raise SensprofError(f"--select-uniforms {uniform_set!r}: choose {' or '.join(UNIFORM_CHOICES)}")
     if plan.target == "sensprof" and uniform_set == "menus":
         uniforms = uniform_candidates(problem, budget, meta["layers"])
         uniform_layers = {name: layer_choices(plan, pair) for name, pair in uniforms.items()}
@@ -259,8 +258,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
         here = predicted_damage(at_len, layers, "kl")  # the per-layer sum priced at the windows' own length
         if not math.isfinite(pred) and name in uniforms:  # outside the profile: its schemes' screens summed
             pred = here = screened["k"].get(uniforms[name][0], 0.0) + screened["v"].get(uniforms[name][1], 0.0)
-        cost = sum(budget.cost(get_scheme(p.k_scheme), info) + budget.cost(get_scheme(p.v_scheme), info)
-                   for p, info in zip(layers, meta["layers"]))
+        cost = budget.layers_cost([(p.k_scheme, p.v_scheme) for p in layers], meta["layers"])
         rows.append({"name": name, "uniform": name in uniforms, "predicted_kl": _finite(pred),
                      "predicted_kl_here": _finite(here),
                      "measured_kl": measured[name]["kl"], "budget_used": cost})

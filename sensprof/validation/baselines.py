@@ -33,10 +33,7 @@ def layer_info(layers) -> list[dict]:
 
 def plan_cost(plan: Plan) -> float:
     """What the plan's cache costs in its own budget's unit: the memory a baseline may not exceed."""
-    from ..schemes import get_scheme
-
-    return sum(plan.budget.cost(get_scheme(p.k_scheme), info) + plan.budget.cost(get_scheme(p.v_scheme), info)
-               for p, info in zip(plan.layers, layer_info(plan.layers)))
+    return plan.budget.layers_cost([(p.k_scheme, p.v_scheme) for p in plan.layers], layer_info(plan.layers))
 
 
 def screen(model, ids, plan: Plan, configs: list[Uniform], reads: str, log=None, known=None) -> tuple[dict, dict]:
