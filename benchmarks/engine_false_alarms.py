@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from sensprof.data import load_windows
+from sensprof.data import PYDOC_NAME, load_windows
 from sensprof.validation.engine_checks import llamacpp_runs, vllm_cpu_runs
 from sensprof.engines.run.python import find_engine_python
 from sensprof.models import load_model
@@ -53,10 +53,10 @@ def main() -> None:
     loaded = load_model(args.model, device="cpu", dtype="float32")
     model = loaded.model
     n = args.trials * args.windows
-    ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=args.seq_len, windows=n, seed=args.seed)
+    ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=args.seq_len, windows=n, seed=args.seed, builtin=PYDOC_NAME)
     engine = find_engine_python(args.engine)
     if args.engine == "vllm":
-        cal_ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=256, windows=2, seed=0)
+        cal_ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=256, windows=2, seed=0, builtin=PYDOC_NAME)
         absmax = kv_absmax(model, cal_ids)
         skip = tuple(int(x) for x in args.skip.split(",") if x)
         runs = vllm_cpu_runs(args.model, model, absmax, skip)

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from sensprof.data import load_windows
+from sensprof.data import PYDOC_NAME, load_windows
 from sensprof.validation.engine_checks import LLAMACPP_PAIRS, llamacpp_runs
 from sensprof.engines.llamacpp.catalog import channel_order
 from sensprof.engines.run.python import find_engine_python
@@ -40,7 +40,7 @@ def main() -> None:
     loaded = load_model(args.model, device="cpu")
     model = loaded.model
     order = channel_order(type(model).__name__)
-    ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=args.seq_len, windows=args.windows, seed=args.seed)
+    ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=args.seq_len, windows=args.windows, seed=args.seed, builtin=PYDOC_NAME)
     pairs = [tuple(p.split("/")) for p in args.pairs.split(",")]
     runs = llamacpp_runs(args.model, model, pairs)
     rows = compare_with_engine("llamacpp", find_engine_python("llamacpp"), loaded, ids, runs, "llamacpp_agreement.log",

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from sensprof.data import load_windows
+from sensprof.data import PYDOC_NAME, load_windows
 from sensprof.validation.engine_checks import vllm_cpu_runs
 from sensprof.engines.run.python import find_engine_python
 from sensprof.models import load_model
@@ -37,8 +37,8 @@ def main() -> None:
     torch.set_grad_enabled(False)
     loaded = load_model(args.model, device="cpu", dtype="float32")
     model = loaded.model
-    ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=args.seq_len, windows=args.windows, seed=args.seed)
-    cal_ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=256, windows=2, seed=0)
+    ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=args.seq_len, windows=args.windows, seed=args.seed, builtin=PYDOC_NAME)
+    cal_ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=256, windows=2, seed=0, builtin=PYDOC_NAME)
     absmax = kv_absmax(model, cal_ids)
     skip = tuple(int(x) for x in args.skip.split(",") if x)
     runs = vllm_cpu_runs(args.model, model, absmax, skip)

@@ -53,7 +53,8 @@ TEXT_FORMS = ("a plain-text file, a folder (every file under it, sorted; hidden 
 
 
 def _add_text_args(p, seq_len=256, windows=2, lengths=False,
-                   text_help=f"{TEXT_FORMS} (default: Python's pydoc topics)"):
+                   text_help=f"{TEXT_FORMS} (default: the built-in mixture of Python's pydoc prose, standard-library "
+                             "code and Unicode records)"):
     p.add_argument("--text", type=path_arg, action="append", metavar="FILE", help=text_help)
     if lengths:
         p.add_argument("--seq-len", default=str(seq_len),

@@ -1,4 +1,4 @@
-"""Text to token windows: the built-in corpus (Python's own docs) or the user's files."""
+"""Text to token windows: a built-in corpus (corpus.py) or the user's files."""
 
 from __future__ import annotations
 
@@ -8,17 +8,9 @@ import os
 import random
 from dataclasses import dataclass
 
+from .corpus import BUILTIN_NAME, PYDOC_NAME, builtin_corpus, is_builtin  # noqa: F401  (read through here)
 from .errors import SensprofError
 
-
-def builtin_corpus() -> str:
-    """Real English prose that ships with every Python: the pydoc topic pages."""
-    from pydoc_data import topics
-
-    return "\n\n".join(topics.topics[k] for k in sorted(topics.topics))
-
-
-BUILTIN_NAME = "builtin:pydoc_data.topics"
 JSONL = (".jsonl", ".json")  # read one object a line: {"text": ...} or {"messages": [{"role", "content"}, ...]}
 
 
@@ -133,10 +125,12 @@ def read_text_file(path: str, tokenizer=None) -> str:
     return read_texts([path]).render(tokenizer)
 
 
-def text_source(paths: list[str] | None, flag: str = "--text") -> tuple:
-    """(the built-in corpus, its name), or (the user's Text, read and checked but not yet rendered, its name)."""
+def text_source(paths: list[str] | None, flag: str = "--text", builtin: str | None = None) -> tuple:
+    """(a built-in corpus, its name: `builtin`, the name a profile recorded, or the default), or (the user's Text,
+    read and checked but not yet rendered, its name)."""
     if not paths:
-        return builtin_corpus(), BUILTIN_NAME
+        name = builtin if is_builtin(builtin) else BUILTIN_NAME
+        return builtin_corpus(name), name
     text = read_texts(paths, flag)
     return text, text.name
 
@@ -145,9 +139,9 @@ def rendered(text, tokenizer=None) -> str:
     return text if isinstance(text, str) else text.render(tokenizer)
 
 
-def load_text(paths: list[str] | None, tokenizer=None) -> tuple[str, str]:
+def load_text(paths: list[str] | None, tokenizer=None, builtin: str | None = None) -> tuple[str, str]:
     """Return (text, a name for the metadata); chats are rendered with `tokenizer`'s chat template."""
-    text, name = text_source(paths)
+    text, name = text_source(paths, builtin=builtin)
     return rendered(text, tokenizer), name
 
 
@@ -230,14 +224,14 @@ def parse_seq_lens(spec, limit: int | None = None) -> list[int]:
 
 
 def select_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 0, exclude=None,
-                   flags=PROFILE_FLAGS):
+                   flags=PROFILE_FLAGS, builtin: str | None = None):
     """Deterministic token windows: (ids [W, T], text name, text digest, slot indices).
 
     The slots let a later stage (validation) take windows other than the profiled ones.
     """
     if seq_len < 2:
         raise SensprofError(f"--seq-len {seq_len} is too short; use at least 2")
-    return text_windows(tokenizer, *text_source(text_files), seq_len, windows, seed, exclude, flags)
+    return text_windows(tokenizer, *text_source(text_files, builtin=builtin), seq_len, windows, seed, exclude, flags)
 
 
 def text_windows(tokenizer, text, name: str, seq_len: int, windows: int, seed: int = 0, exclude=None,
@@ -250,6 +244,7 @@ def text_windows(tokenizer, text, name: str, seq_len: int, windows: int, seed: i
     return ids, name, text_digest(text), slots
 
 
-def load_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 0, exclude=None):
-    """Deterministic token windows from the built-in corpus or files: (ids [W, T], text name, digest)."""
-    return select_windows(tokenizer, text_files, seq_len, windows, seed, exclude)[:3]
+def load_windows(tokenizer, text_files, seq_len: int, windows: int, seed: int = 0, exclude=None,
+                 builtin: str | None = None):
+    """Deterministic token windows from a built-in corpus or files: (ids [W, T], text name, digest)."""
+    return select_windows(tokenizer, text_files, seq_len, windows, seed, exclude, builtin=builtin)[:3]

@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from sensprof.data import load_windows
+from sensprof.corpus import CODE_MODULES, MIX_NAME, PASSAGE_CHARS
 from sensprof.data import (
+    BUILTIN_NAME,
+    PYDOC_NAME,
     bos_prefix,
     builtin_corpus,
     load_text,
@@ -24,8 +27,8 @@ from sensprof.errors import SensprofError
 # --------------------------------------------------------------------------- built-in corpus
 
 
-def test_builtin_corpus_is_real_english_prose():
-    text = builtin_corpus()
+def test_the_prose_corpus_is_real_english_prose():
+    text = builtin_corpus(PYDOC_NAME)
     assert isinstance(text, str)
     assert len(text) > 200_000
     words = re.findall(r"[A-Za-z]+", text.lower())
@@ -36,11 +39,41 @@ def test_builtin_corpus_is_real_english_prose():
     assert text.count(". ") > 1000  # sentences, not a word list
 
 
-def test_builtin_corpus_is_deterministic():
+def test_the_default_corpus_mixes_prose_code_and_records_passage_by_passage():
+    """Every stretch of ~6,000 characters holds all three kinds, in the same share; no passage is repeated."""
+    text = builtin_corpus()
+    assert BUILTIN_NAME == MIX_NAME and text == builtin_corpus(MIX_NAME) and len(text) > 1_000_000
+    prose = [p for p in builtin_corpus(PYDOC_NAME).split("\n\n") if p.strip()]
+    assert prose[0] in text and prose[-1] not in text[:len(text) // 2]  # pydoc's pages in order, spread out
+    kinds = {"prose": r"\. The |\bthe\b", "code": r"\n {4,}(?:if |for |return\b|def |self\.|raise |try:|[a-z_]\w* = )", "records": r'\{"code": "U\+'}
+    step = 3 * PASSAGE_CHARS + 2000
+    for start in range(0, len(text) - step, len(text) // 7):
+        piece = text[start:start + step]
+        assert all(re.search(pat, piece) for pat in kinds.values()), (start, piece[:200])
+    counts = {k: len(re.findall(pat, text)) for k, pat in kinds.items()}
+    assert counts["records"] > 1000 and counts["code"] > 1000, counts
+    records = [json.loads(line) for line in text.splitlines() if line.startswith('{"code": "U+')]
+    assert len({r["code"] for r in records}) == len(records)  # an even stride through the plane, each once
+    scripts = {r["name"].split()[0] for r in records}
+    assert {"LATIN", "GREEK", "CYRILLIC", "ARABIC", "CJK"} <= scripts, sorted(scripts)[:20]
+    for module in CODE_MODULES[:3]:  # the code is the standard library's own source
+        import importlib.util
+
+        with open(importlib.util.find_spec(module).origin, encoding="utf-8") as f:
+            first = next(p for p in f.read().split("\n\n") if p.strip())
+        assert first in text, module
+
+
+def test_builtin_corpus_is_deterministic_and_read_by_the_name_a_profile_recorded():
     assert builtin_corpus() == builtin_corpus()
     text, name = load_text(None)
-    assert text == builtin_corpus() and name == "builtin:pydoc_data.topics"
+    assert text == builtin_corpus() and name == MIX_NAME
     assert load_text([]) == (text, name)
+    # a plan profiled before the mixture still reads its prose, by the name it recorded
+    assert load_text(None, builtin=PYDOC_NAME) == (builtin_corpus(PYDOC_NAME), PYDOC_NAME)
+    assert load_text(None, builtin="notes.txt") == (text, name)  # a file's name is not a built-in corpus
+    with pytest.raises(SensprofError, match=r"the built-in corpus 'builtin:gone' is not in this version.*re-profile"):
+        builtin_corpus("builtin:gone")
 
 
 # --------------------------------------------------------------------------- --text files
@@ -346,7 +379,7 @@ def test_load_windows_builtin_shape(tiny_tokenizer):
     ids, name, digest = load_windows(tiny_tokenizer, None, 24, 3, seed=0)
     assert ids.shape == (3, 24) and ids.dtype == torch.long
     assert int(ids.min()) >= 0 and int(ids.max()) < len(tiny_tokenizer)
-    assert name == "builtin:pydoc_data.topics"
+    assert name == MIX_NAME
     assert digest == text_digest(builtin_corpus())
     assert re.fullmatch(r"[0-9a-f]{16}", digest)
     again, _, _ = load_windows(tiny_tokenizer, None, 24, 3, seed=0)

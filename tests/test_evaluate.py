@@ -11,7 +11,7 @@ import torch
 from conftest import make_tiny_model, one_error_line, run_cli
 from transformers import DynamicCache
 
-from sensprof.data import bos_prefix, builtin_corpus, tokenize
+from sensprof.data import PYDOC_NAME, bos_prefix, builtin_corpus, tokenize
 from sensprof.errors import SensprofError
 from sensprof.evaluate import eval_configs, evaluate, parse_depths, parse_lengths, score
 from sensprof.evaluate.run import (
@@ -41,7 +41,7 @@ def _plan(model, pairs) -> Plan:
 
 @pytest.fixture(scope="module")
 def corpus(tiny_tokenizer):
-    return tokenize(tiny_tokenizer, builtin_corpus())
+    return tokenize(tiny_tokenizer, builtin_corpus(PYDOC_NAME))
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +204,7 @@ def test_8bit_plan_stays_close_to_baseline_and_2bit_does_not(model, tiny_tokeniz
     samples = df.attrs["samples"]
     assert len(samples) == 2 * 2 * 2 and set(samples.config) == {BASELINE, PLAN}
     # and the predictions themselves: the 8-bit cache changes the logits a little, 2-bit KIVI much more
-    corpus = tokenize(tiny_tokenizer, builtin_corpus())
+    corpus = tokenize(tiny_tokenizer, builtin_corpus(PYDOC_NAME))
     s = retrieval_sample(corpus, 256, 0.5, 0, bos_prefix(tiny_tokenizer))
     ref = tail_logits(model, s, DynamicCache(config=model.config), 64)
     errs, agree = {}, {}
@@ -243,7 +243,7 @@ def test_uniform_references_closest_not_below_and_unstorable_skipped(model, monk
 def test_sliding_window_model_runs_through_the_planned_cache(tiny_tokenizer):
     gemma = make_tiny_model("gemma3")  # sliding windows of 8 tokens, shorter than a chunk
     plan = _plan(gemma, [("none", "none")] * 3)
-    corpus = tokenize(tiny_tokenizer, builtin_corpus())
+    corpus = tokenize(tiny_tokenizer, builtin_corpus(PYDOC_NAME))
     s = retrieval_sample(corpus, 200, 0.5, 0, [1])
     planned = tail_logits(gemma, s, planned_cache_factory(plan, plan.layers, gemma)(), chunk=50)
     with torch.no_grad():
@@ -268,7 +268,7 @@ def cli_plan(tiny_model_dir, tmp_path_factory):
 
 def test_eval_cli_prints_the_table_and_writes_the_csv(capsys, cli_plan, tmp_path):
     text = tmp_path / "t.txt"
-    text.write_text(builtin_corpus()[:20000])
+    text.write_text(builtin_corpus(PYDOC_NAME)[:20000])
     rc, out, err = run_cli(capsys, "eval", "--plan", cli_plan, "--lengths", "128,256", "--depths", "0.2,0.8",
                            "--seeds", "2", "--chunk", "64", "--device", "cpu", "--text", text, "--seq-len", "96",
                            "--windows", "2")

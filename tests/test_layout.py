@@ -21,7 +21,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "sensprof")
 LAYERS = [
     ["errors", "constants", "_aliases"],  # _aliases: the moved modules' old names (sensprof.planner, ...)
     ["profiling", "planning", "validation"],  # the stage folders' __init__.py: docstrings only, they import nothing
-    ["files", "specs", "gguf_files", "reaper"],  # reaper: what sensprof starts dies with it; gguf_files: a GGUF file parsed once (models and engines.llamacpp read it)
+    ["files", "specs", "gguf_files", "reaper", "corpus"],  # corpus: the built-in texts, read by name  # reaper: what sensprof starts dies with it; gguf_files: a GGUF file parsed once (models and engines.llamacpp read it)
     ["engines"],  # what serving engines store: catalogs as data (no torch) and emulations; schemes.py asks them
     ["", "schemes", "memory", "scheme_tables", "planning.budget", "planning.pricing",
      "planning.prediction", "rope", "rotation", "data", "quant",

@@ -96,9 +96,9 @@ def _plan(model, pair, model_id="tiny") -> Plan:
 
 def _requests(tokenizer) -> list[Instance]:
     """Log-likelihood requests, some with contexts longer than the 8-token prefill chunk, one with none."""
-    from sensprof.data import builtin_corpus
+    from sensprof.data import PYDOC_NAME, builtin_corpus
 
-    text = builtin_corpus()[:4000]
+    text = builtin_corpus(PYDOC_NAME)[:4000]
     pairs = [(q, c) for q, cs, _ in MC for c in cs[:2]]
     pairs += [(text[:600], text[600:700]), (text[1000:1100], " the"), ("", text[:200])]
     return [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]
@@ -143,9 +143,9 @@ def test_a_2_bit_plan_changes_loglikelihoods_and_holds_far_fewer_bytes(model, ti
 
 
 def test_rolling_loglikelihood_runs_through_the_cache(model, tiny_tokenizer):
-    from sensprof.data import builtin_corpus
+    from sensprof.data import PYDOC_NAME, builtin_corpus
 
-    reqs = [Instance("loglikelihood_rolling", {}, (builtin_corpus()[:3000],), 0)]
+    reqs = [Instance("loglikelihood_rolling", {}, (builtin_corpus(PYDOC_NAME)[:3000],), 0)]
     expected = HFLM(pretrained=model, tokenizer=tiny_tokenizer, max_length=256).loglikelihood_rolling(
         reqs, disable_tqdm=True)
     lm = _lm(model, tiny_tokenizer, ("none", "none"), chunk=64, max_length=256)
@@ -198,9 +198,9 @@ def test_loglikelihood_request_cut_from_the_left_when_asked(model, tiny_tokenize
 
 
 def test_generation_request_longer_than_the_models_positions(model, tiny_tokenizer, caplog):
-    from sensprof.data import builtin_corpus
+    from sensprof.data import PYDOC_NAME, builtin_corpus
 
-    prompt = builtin_corpus()[:3000]
+    prompt = builtin_corpus(PYDOC_NAME)[:3000]
     assert len(tiny_tokenizer(prompt)["input_ids"]) > 512
     req = [Instance("generate_until", {}, (prompt, {"until": ["\n\n"], "max_gen_toks": 4, "do_sample": False}), 0)]
     lm = _lm(model, tiny_tokenizer, ("int4_c32", "int4_t32"), chunk=128)
@@ -354,10 +354,10 @@ def smollm2():
 def test_default_model_baseline_is_hflms_and_the_plan_moves_long_requests(smollm2):
     import dataclasses
 
-    from sensprof.data import builtin_corpus
+    from sensprof.data import PYDOC_NAME, builtin_corpus
 
     plan, loaded = smollm2
-    text = builtin_corpus()[20000:23000]
+    text = builtin_corpus(PYDOC_NAME)[20000:23000]
     reqs = _requests(loaded.tokenizer)[:4] + [Instance("loglikelihood", {}, (text[:2800], text[2800:]), 9)]
     expected = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer).loglikelihood(reqs, disable_tqdm=True)
     none = dataclasses.replace(plan, layers=[dataclasses.replace(p, k_scheme="none", v_scheme="none")

@@ -89,11 +89,11 @@ def passage_docs(corpus: str, docs: int, chars: int) -> list[dict]:
 
 def write_tasks(directory: str, docs: int = 20, chars: int = 4000) -> list[str]:
     """Write both tasks (YAML + JSONL) into `directory`; returns the task names."""
-    from ..data import builtin_corpus
+    from ..data import PYDOC_NAME, builtin_corpus
 
     if docs < 1 or chars < 200:
         raise SensprofError(f"--docs {docs} / --chars {chars}: use at least 1 document of 200 characters")
-    corpus = builtin_corpus()
+    corpus = builtin_corpus(PYDOC_NAME)  # the tasks are named for pydoc's prose and read only it
     os.makedirs(directory, exist_ok=True)
     for name, rows, yaml in (("sp_passkey", passkey_docs(corpus, docs, chars), PASSKEY_YAML),
                              ("sp_pydoc_ppl", passage_docs(corpus, docs, chars), PPL_YAML)):

@@ -204,7 +204,7 @@ def evaluate(model, tokenizer, plan: Plan, task: str = "retrieval", lengths=(102
     """
     import pandas as pd
 
-    from ..data import bos_prefix, builtin_corpus, tokenize
+    from ..data import PYDOC_NAME, bos_prefix, builtin_corpus, tokenize
 
     prefix = bos_prefix(tokenizer)
     lengths, depths = sorted({int(n) for n in lengths}), sorted({float(d) for d in depths})
@@ -216,7 +216,7 @@ def evaluate(model, tokenizer, plan: Plan, task: str = "retrieval", lengths=(102
         if limit is not None and ppl_ids.shape[1] > limit:
             raise SensprofError(f"--seq-len {ppl_ids.shape[1]} is beyond the model's {limit} positions; "
                                 f"use --seq-len <= {limit}")
-    corpus = tokenize(tokenizer, builtin_corpus())
+    corpus = tokenize(tokenizer, builtin_corpus(PYDOC_NAME))  # the passkey's haystack: prose, as it always was
     samples = [build_sample(task, corpus, n, d, s, prefix, tokenizer)
                for n in lengths for d in depths for s in range(seeds)]
     configs, kinds, notes = eval_configs(plan, model, uniform)

@@ -55,7 +55,7 @@ def refine_plan(plan: Plan, profile_dir: str, budget, rounds: int, device: str =
     loaded = load_for_profile(plan, meta, model, device, dtype, device_map, trust_remote_code)
     settings = meta["settings"]
     ids, _, digest, _ = select_windows(loaded.tokenizer, files, settings["seq_len"], settings["windows"],
-                                       settings["seed"])
+                                       settings["seed"], builtin=settings.get("text"))
     if settings.get("text_digest") and digest != settings["text_digest"]:  # the windows would not be the profiled ones
         what = ", ".join(map(repr, files or [])) or "the built-in corpus"
         raise SensprofError(f"--refine re-runs the profile's text, but {what} is not the text that was profiled "

@@ -71,7 +71,8 @@ def selection_windows(tokenizer, plan: Plan, windows: int, seq_len: int):
     prefix = len(bos_prefix(tokenizer))
     exclude = overlapping_slots(set(plan.profile.window_slots or []), settings["seq_len"] - prefix, seq_len - prefix)
     ids, _, _, slots = select_windows(tokenizer, plan.profile.text_files, seq_len, windows,
-                                      settings["seed"] + SELECT_SEED_OFFSET, exclude, SELECT_FLAGS)
+                                      settings["seed"] + SELECT_SEED_OFFSET, exclude, SELECT_FLAGS,
+                                      builtin=settings.get("text"))
     return ids, slots
 
 

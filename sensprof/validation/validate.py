@@ -233,7 +233,7 @@ def profile_text(plan: Plan, tokenizer=None) -> tuple[str, str]:
     if gone:
         raise SensprofError(f"the plan's profile text {gone[0]!r} is not there; restore the text the profile was "
                             "made from, or re-profile and re-plan")
-    text, name = load_text(files, tokenizer)
+    text, name = load_text(files, tokenizer, builtin=plan.profile.settings.get("text"))
     want = plan.profile.settings.get("text_digest")
     if (want or files) and text_digest(text) != want:  # a plan names its text: read only that text, unchanged
         raise SensprofError(

@@ -17,7 +17,7 @@ import tempfile
 
 import pytest
 
-from sensprof.data import load_windows
+from sensprof.data import PYDOC_NAME, load_windows
 from sensprof.validation.engine_checks import llamacpp_runs, vllm_cpu_asym_run, vllm_cpu_mixed_run, vllm_cpu_runs
 from sensprof.engines.run.python import find_engine_python
 from sensprof.models import load_model
@@ -43,15 +43,16 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def windows(smollm2):
-    """2 windows x 384 tokens of the built-in corpus (seed 7: not the windows the calibration below reads)."""
-    ids, _, _ = load_windows(smollm2.tokenizer, None, seq_len=384, windows=2, seed=7)
+    """2 windows x 384 tokens of pydoc's prose, the text the bounds were set on (seed 7: not the windows the
+    calibration below reads)."""
+    ids, _, _ = load_windows(smollm2.tokenizer, None, seq_len=384, windows=2, seed=7, builtin=PYDOC_NAME)
     return ids
 
 
 @pytest.fixture(scope="module")
 def absmax(smollm2):
     """Per-layer K/V absmax per KV head on other windows: the calibration a profile records."""
-    ids, _, _ = load_windows(smollm2.tokenizer, None, seq_len=256, windows=2, seed=0)
+    ids, _, _ = load_windows(smollm2.tokenizer, None, seq_len=256, windows=2, seed=0, builtin=PYDOC_NAME)
     return kv_absmax(smollm2.model, ids)
 
 

@@ -208,6 +208,32 @@ def test_validation_windows_are_not_the_profiled_ones(cli_run, tiny_tokenizer):
     assert not seen & {tuple(r) for r in more.tolist()}
 
 
+def test_a_plan_profiled_on_the_older_prose_corpus_validates_on_that_prose(cli_run, tiny_tokenizer, tmp_path):
+    """Plans made before the built-in corpus became a mixture recorded its prose by name: their unseen windows come
+    from that prose, never from the mixture, and never the windows they were profiled on."""
+    import json
+
+    from sensprof.data import PYDOC_NAME, text_digest
+
+    obj = json.loads(open(cli_run.plan).read())
+    profiled, _, digest, slots = select_windows(tiny_tokenizer, None, 32, 2, 0, builtin=PYDOC_NAME)
+    assert digest == text_digest(builtin_corpus(PYDOC_NAME)) != text_digest(builtin_corpus())
+    obj["profile"]["settings"] |= {"text": PYDOC_NAME, "text_digest": digest}
+    obj["profile"]["window_slots"] = list(slots)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(obj))
+    plan = load_plan(str(path))
+    ids = validation_windows(plan, tiny_tokenizer, 4, None)
+    prose = tokenize(tiny_tokenizer, builtin_corpus(PYDOC_NAME))
+    rows = {tuple(prose[k * 32:(k + 1) * 32]) for k in range(len(prose) // 32)}
+    assert all(tuple(r) in rows for r in ids.tolist())  # every window is a slot of the prose
+    assert not {tuple(r) for r in profiled.tolist()} & {tuple(r) for r in ids.tolist()}
+    obj["profile"]["settings"]["text_digest"] = text_digest(builtin_corpus())  # prose named, mixture's digest
+    path.write_text(json.dumps(obj))
+    with pytest.raises(SensprofError, match="is not the text that was profiled"):
+        validation_windows(load_plan(str(path)), tiny_tokenizer, 4, None)
+
+
 @pytest.mark.parametrize("seq_len", [128, 20])
 def test_validation_windows_of_another_length_share_no_token_with_the_profiled_ones(cli_run, tiny_tokenizer, seq_len):
     plan = load_plan(cli_run.plan)
