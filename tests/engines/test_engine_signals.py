@@ -31,6 +31,9 @@ from sensprof.engines.run.python import EnginePython
 from sensprof.validation.validate_engine import LLAMACPP_BASELINE, EngineRun, engine_measurements
 
 signal.signal(signal.SIGTERM, _terminated)  # as the CLI has it
+# Ctrl-C raises KeyboardInterrupt even where the suite runs as a background job (whose shell leaves SIGINT ignored in
+# every child): otherwise the driver would sit out the engine's whole job, and past the test's 60 s, before ending
+signal.signal(signal.SIGINT, signal.default_int_handler)
 plan = Plan.hand_made("smollm2-135m", "x", [dict(layer=0, kind="full", window=None, kv_heads=3, head_dim=64,
                                                   k_scheme="none", v_scheme="none", k_damage=0.0, v_damage=0.0)],
                       target="llamacpp")
