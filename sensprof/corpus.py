@@ -27,6 +27,7 @@ PASSAGE_CHARS = 2000  # about 500 tokens: a 1024-token window spans two kinds, a
 # for pydoc's 465,126 characters, 132,076 for the code's 509,980, 192,048 for 431,127 of records), so their passages
 # are shorter: each kind gets about a third of the tokens.
 RECORD_PASSAGE_CHARS = 1100
+RECORD_CHARS = 146  # a record's mean length (8,136,541 characters for the plane's 55,567 in Python 3.11)
 
 
 def pydoc_topics() -> str:
@@ -48,16 +49,23 @@ def stdlib_code() -> list[str]:
     return out
 
 
-def unicode_records() -> list[str]:
-    """One JSON line per named character of the Basic Multilingual Plane, from the Unicode database Python ships."""
+def named_code_points() -> list[int]:
+    """The Basic Multilingual Plane's named characters (no surrogates, private use or line/paragraph separators)."""
+    import unicodedata as ud
+
+    return [cp for cp in range(0x20, 0x10000)
+            if ud.name(chr(cp), "") and ud.category(chr(cp)) not in ("Cs", "Co", "Cn", "Zl", "Zp")]
+
+
+def unicode_records(code_points: list[int] | None = None) -> list[str]:
+    """One JSON line per character (default: every named one of the plane), from the Unicode database Python
+    ships."""
     import unicodedata as ud
 
     lines = []
-    for cp in range(0x20, 0x10000):
+    for cp in named_code_points() if code_points is None else code_points:
         ch = chr(cp)
-        name = ud.name(ch, "")
-        if not name or ud.category(ch) in ("Cs", "Co", "Cn", "Zl", "Zp"):
-            continue
+        name = ud.name(ch)
         rec = {"code": f"U+{cp:04X}", "char": ch, "name": name, "category": ud.category(ch),
                "bidi": ud.bidirectional(ch), "decomposition": ud.decomposition(ch),
                "east_asian_width": ud.east_asian_width(ch)}
@@ -87,15 +95,25 @@ def _paragraphs(text: str) -> list[str]:
     return [p for p in text.split("\n\n") if p.strip()]
 
 
+def spread(items: list, n: int) -> list:
+    """n of the items, evenly spaced from first to last, in order (each at most once)."""
+    if n >= len(items):
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
+
+
 def mixed_corpus() -> str:
-    """Prose, code and records in turn, a passage of each, until one kind runs out: no passage appears twice."""
-    kinds = [passages(_paragraphs(pydoc_topics()), "\n\n"),
-             passages([p for src in stdlib_code() for p in _paragraphs(src)], "\n\n")]
-    n = min(len(k) for k in kinds)
-    records = unicode_records()  # every script of the plane, not its first few: an even stride through it
-    stride = max(1, sum(map(len, records)) // (n * RECORD_PASSAGE_CHARS))
-    kinds.append(passages(records[::stride], "\n", RECORD_PASSAGE_CHARS))
-    n = min(n, len(kinds[-1]))
+    """Prose, code and records in turn, a passage of each, each kind spread over all its source (every topic, every
+    module, every script); as many tokens in all as the prose alone held, so that choosing windows costs what it
+    did (tokenizing the text is most of it). No passage appears twice."""
+    prose = passages(_paragraphs(pydoc_topics()), "\n\n")
+    n = len(prose) // 3
+    code = passages([p for src in stdlib_code() for p in _paragraphs(src)], "\n\n")
+    points = named_code_points()  # every script of the plane, not its first few: an even stride through it
+    stride = max(1, len(points) * RECORD_CHARS // (n * RECORD_PASSAGE_CHARS))
+    records = passages(unicode_records(points[::stride]), "\n", RECORD_PASSAGE_CHARS)
+    kinds = [spread(prose, n), spread(code, n), spread(records, n)]
+    n = min(map(len, kinds))
     return "\n\n".join(k[i] for i in range(n) for k in kinds)
 
 

@@ -40,28 +40,34 @@ def test_the_prose_corpus_is_real_english_prose():
 
 
 def test_the_default_corpus_mixes_prose_code_and_records_passage_by_passage():
-    """Every stretch of ~6,000 characters holds all three kinds, in the same share; no passage is repeated."""
+    """Every stretch of ~6,000 characters holds all three kinds, each spread over all its source; no passage is
+    repeated; about as many characters as the prose alone held (choosing windows costs what it did)."""
     text = builtin_corpus()
-    assert BUILTIN_NAME == MIX_NAME and text == builtin_corpus(MIX_NAME) and len(text) > 1_000_000
+    assert BUILTIN_NAME == MIX_NAME and text == builtin_corpus(MIX_NAME)
+    assert 0.7 < len(text) / len(builtin_corpus(PYDOC_NAME)) < 1.0
     prose = [p for p in builtin_corpus(PYDOC_NAME).split("\n\n") if p.strip()]
-    assert prose[0] in text and prose[-1] not in text[:len(text) // 2]  # pydoc's pages in order, spread out
+    tenth = len(prose) // 10
+    assert sum(p in text for p in prose[:tenth]) > tenth / 5 and sum(p in text for p in prose[-tenth:]) > tenth / 5
+    assert text.index(prose[0]) < text.index(next(p for p in prose[-tenth:] if p in text))  # in pydoc's order
     kinds = {"prose": r"\. The |\bthe\b", "code": r"\n {4,}(?:if |for |return\b|def |self\.|raise |try:|[a-z_]\w* = )", "records": r'\{"code": "U\+'}
     step = 3 * PASSAGE_CHARS + 2000
     for start in range(0, len(text) - step, len(text) // 7):
         piece = text[start:start + step]
         assert all(re.search(pat, piece) for pat in kinds.values()), (start, piece[:200])
     counts = {k: len(re.findall(pat, text)) for k, pat in kinds.items()}
-    assert counts["records"] > 1000 and counts["code"] > 1000, counts
+    assert counts["records"] > 400 and counts["code"] > 1000, counts
     records = [json.loads(line) for line in text.splitlines() if line.startswith('{"code": "U+')]
     assert len({r["code"] for r in records}) == len(records)  # an even stride through the plane, each once
     scripts = {r["name"].split()[0] for r in records}
     assert {"LATIN", "GREEK", "CYRILLIC", "ARABIC", "CJK"} <= scripts, sorted(scripts)[:20]
-    for module in CODE_MODULES[:3]:  # the code is the standard library's own source
-        import importlib.util
+    import importlib.util
 
+    def read(module):
         with open(importlib.util.find_spec(module).origin, encoding="utf-8") as f:
-            first = next(p for p in f.read().split("\n\n") if p.strip())
-        assert first in text, module
+            return [p for p in f.read().split("\n\n") if p.strip()]
+
+    assert read(CODE_MODULES[0])[0] in text  # the code is the standard library's own source, from its first module
+    assert sum(any(p in text for p in read(m)) for m in CODE_MODULES) >= len(CODE_MODULES) - 2  # to (nearly) its last
 
 
 def test_builtin_corpus_is_deterministic_and_read_by_the_name_a_profile_recorded():
