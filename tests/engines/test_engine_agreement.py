@@ -73,9 +73,11 @@ def test_vllm_cpu_backend_agrees_with_the_emulation(smollm2, windows, absmax, tm
     engine = find_engine_python("vllm")
     if not cpu_has_fp8(engine):  # the one documented switch on the CPU (docs/engines.md)
         pytest.skip("vLLM's CPU backend stores an fp8 cache only on x86 with AVX-512 or AMX, which this CPU lacks")
-    # every dtype alone, with and without the fragile layers, a per-layer mix served by sensprof's vLLM plugin, and
-    # a per-layer plan with Keys and Values in their own formats (the plugin's backend)
-    runs = vllm_cpu_runs("smollm2-135m", smollm2.model, absmax, SKIP) + [
+    # every dtype alone, fp8 also without the fragile layers (the other dtypes' skip variants differ from it only in
+    # the dtype, which their own rows check: two engine starts and their emulation, ~1 min, left out), a per-layer mix
+    # served by sensprof's vLLM plugin, and a per-layer plan with Keys and Values in their own formats (its backend)
+    runs = [r for r in vllm_cpu_runs("smollm2-135m", smollm2.model, absmax, SKIP)
+            if r.name not in ("fp8 cal skip", "fp8_e5m2 skip")] + [
         vllm_cpu_mixed_run("smollm2-135m", smollm2.model, SKIP), vllm_cpu_asym_run("smollm2-135m", smollm2.model, SKIP),
         vllm_run(load_plan(PLANNED), "cpu", "planned per-layer")]  # as `sensprof plan --per-layer` made it
     temp_before = set(os.listdir(tempfile.gettempdir()))
@@ -85,10 +87,9 @@ def test_vllm_cpu_backend_agrees_with_the_emulation(smollm2, windows, absmax, tm
     emu = emulated_damage(smollm2, windows, runs)
     rows = agreement_rows(engine, runs, windows, eng, emu)
     assert [r["config"] for r in rows] == [r.name for r in runs[1:]] == [
-        "fp8", "fp8 skip", "fp8 cal", "fp8 cal skip", "fp8_e5m2", "fp8_e5m2 skip", "per-layer mix", "per-layer K/V",
-        "planned per-layer"]
+        "fp8", "fp8 skip", "fp8 cal", "fp8_e5m2", "per-layer mix", "per-layer K/V", "planned per-layer"]
     _check(rows)  # the per-layer plans were judged only after vLLM said it built every layer as planned
-    assert all(r["emulation_draws"] == VLLM_DRAWS and r["family"] == 9 for r in rows)
+    assert all(r["emulation_draws"] == VLLM_DRAWS and r["family"] == 7 for r in rows)
     # the planner's 8-bit per-layer plan (K fp8 or auto beside KIVI values) against vLLM's best dtype of that memory
     assert by_name(rows)["planned per-layer"]["engine_kl"] < 0.7 * min(by_name(rows)[c]["engine_kl"]
                                                                       for c in ("fp8", "fp8 cal", "fp8_e5m2"))
@@ -98,13 +99,14 @@ def test_vllm_cpu_backend_agrees_with_the_emulation(smollm2, windows, absmax, tm
     by = {r["config"]: r for r in rows}
     assert by["fp8 skip"]["engine_kl"] < by["fp8"]["engine_kl"]
     # the bounds still catch a real disagreement: emulated with the GPUs' round-to-nearest (the K/V plan: with its K
-    # and V formats exchanged), every row fails (the planned plan, judged above, is left out here)
-    wrong_runs = vllm_cpu_runs("smollm2-135m", smollm2.model, absmax, SKIP, round_to_nearest=True) + [
+    # and V formats exchanged), every row fails (the planned plan, judged above, is left out here, and each dtype's
+    # skip variant, which rounds as the dtype does: 27 s of emulation that proved nothing more)
+    wrong_runs = vllm_cpu_runs("smollm2-135m", smollm2.model, absmax, round_to_nearest=True) + [
         vllm_cpu_mixed_run("smollm2-135m", smollm2.model, SKIP, round_to_nearest=True),
         vllm_cpu_asym_run("smollm2-135m", smollm2.model, SKIP, swap=True)]
     wrong = agreement_rows(engine, wrong_runs, windows, eng, emulated_damage(smollm2, windows, wrong_runs))
     print("\n".join(f"round to nearest, {r['config']}: x{r['kl_ratio']:.2f} (bound {r['kl_bound']:.2f})" for r in wrong))
-    assert not any(r["agrees"] for r in wrong)
+    assert len(wrong) == 5 and not any(r["agrees"] for r in wrong)
 
 
 @pytest.fixture(scope="module")

@@ -317,14 +317,21 @@ def test_selection_and_refine_measure_only_the_profiled_model(sel, capsys, tmp_p
     assert "meta.json says the model has 100000 positions, but it has" in line
 
 
+def _unseen_text() -> str:
+    """The user's own text, none of it in the built-in corpus a profile reads: a standard-library module the
+    mixture leaves out."""
+    import difflib
+    import inspect
+
+    return inspect.getsource(difflib)
+
+
 def test_selection_on_the_users_own_text(sel, capsys, tmp_path):
     """plan --select-measured N --select-text FILE chooses on the user's text and records which; validate --text on
     the same text is refused (it chose the plan), as are --select-text without a selection and the profile's text."""
     from conftest import one_error_line
-    from sensprof.data import builtin_corpus
-
     mine = tmp_path / "mine.txt"
-    mine.write_text(builtin_corpus()[-30_000:])
+    mine.write_text(_unseen_text()[-30_000:])
     plan, out = _plan(capsys, sel.profile, tmp_path / "p.json", "--select-text", str(mine))
     s = plan.solver.select
     assert s["text"] == "mine.txt" and len(s["text_digest"]) > 8 and s["windows"] == 2
@@ -349,9 +356,7 @@ def test_sweep_and_plan_select_on_a_folder_of_the_users_text(sel, capsys, tmp_pa
     """sweep --select-text: each budget's plan chosen on the user's text as plan --select-text chooses it (the same
     plan, the same record); a folder's files are recorded as read (hidden ones skipped); without --select-measured,
     sweep refuses it as plan does."""
-    from sensprof.data import builtin_corpus
-
-    corpus = builtin_corpus()
+    corpus = _unseen_text()
     mine = tmp_path / "mine"
     (mine / "b").mkdir(parents=True)
     (mine / "a.txt").write_text(corpus[-30_000:-15_000])
