@@ -450,3 +450,24 @@ def test_overlapping_slots_cover_every_shared_token():
         for k in range(0, 20):
             shares = any(k * new < (s + 1) * body and s * body < (k + 1) * new for s in slots)
             assert (k in out) == shares, (slots, body, new, k)
+
+
+def test_the_corpus_kinds_benchmark_summarises_profiles_cell_by_cell():
+    """benchmarks/corpus_kinds.py's summary: a kind whose cells all measure twice the mixture's reads 2.00, keeps
+    the ranking, and finds the mixture's best scheme wherever the order is kept; Keys over Values at 4-5 bits."""
+    import os
+    import runpy
+
+    import pandas as pd
+
+    bench = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "corpus_kinds.py"))
+    cells = [("k", "int4_c32", 1e-3), ("k", "int4_c64", 2e-3), ("v", "int4_t32", 4e-3), ("v", "int5_t32", 1e-3),
+             ("k", "int2_c32", 9e-3)]
+    mix = pd.DataFrame([{"layer": 0, "tensor": t, "scheme": s, "bits": 4.5, "kl": kl} for t, s, kl in cells])
+    double = mix.assign(kl=mix.kl * 2)
+    swapped = mix.assign(kl=[2e-3, 1e-3, 4e-3, 1e-3, 9e-3])  # the two 4-bit key groups change places
+    rows = {r["kind"]: r for r in bench["summarise"]({"double": double, "swapped": swapped, "mix": mix})}
+    assert rows["double"]["kl_over_mix"] == pytest.approx(2.0) and rows["double"]["rank_corr_with_mix"] == 1.0
+    assert rows["double"]["best_scheme_same_as_mix"] == "1/1"  # one width with two schemes: K int4
+    assert rows["swapped"]["best_scheme_same_as_mix"] == "0/1" and rows["swapped"]["rank_corr_with_mix"] < 1
+    assert rows["mix"]["k_over_v_4_5bits"] == pytest.approx(1.5e-3 / 2.5e-3)
