@@ -21,12 +21,11 @@ import tempfile
 
 
 def kind_texts() -> dict[str, str]:
-    from sensprof.corpus import RECORD_PASSAGE_CHARS, passages, pydoc_topics, stdlib_code, unicode_records
+    """Each kind of the mixture whole (records at a stride of about 450,000 characters: more than the mixture takes,
+    so that windows of records alone do not repeat the mixture's), from the passages the mixture interleaves."""
+    from sensprof.corpus import KIND_SEPARATORS, kind_passages
 
-    records = unicode_records()
-    stride = max(1, sum(map(len, records)) // 450_000)
-    return {"prose": pydoc_topics(), "code": "\n\n".join(stdlib_code()),
-            "records": "\n".join(passages(records[::stride], "\n", RECORD_PASSAGE_CHARS))}
+    return {kind: KIND_SEPARATORS[kind].join(p) for kind, p in kind_passages(record_chars=450_000).items()}
 
 
 def summarise(tables: dict, ref: str = "mix") -> list[dict]:

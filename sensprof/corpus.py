@@ -102,17 +102,30 @@ def spread(items: list, n: int) -> list:
     return [items[i * len(items) // n] for i in range(n)]
 
 
+KIND_SEPARATORS = {"prose": "\n\n", "code": "\n\n", "records": "\n"}  # what joins a kind's passages
+
+
+def kind_passages(record_chars: int | None = None) -> dict[str, list[str]]:
+    """Each kind's passages in source order: what the mixture interleaves, and what a benchmark reads kind by kind.
+    Records are an even stride through the plane's characters, about `record_chars` characters of them (default:
+    as many as the mixture takes, a third of its tokens)."""
+    prose = passages(_paragraphs(pydoc_topics()), "\n\n")
+    code = passages([p for src in stdlib_code() for p in _paragraphs(src)], "\n\n")
+    points = named_code_points()  # every script of the plane, not its first few
+    if record_chars is None:
+        record_chars = len(prose) // 3 * RECORD_PASSAGE_CHARS
+    stride = max(1, len(points) * RECORD_CHARS // record_chars)
+    records = passages(unicode_records(points[::stride]), "\n", RECORD_PASSAGE_CHARS)
+    return {"prose": prose, "code": code, "records": records}
+
+
 def mixed_corpus() -> str:
     """Prose, code and records in turn, a passage of each, each kind spread over all its source (every topic, every
     module, every script); as many tokens in all as the prose alone held, so that choosing windows costs what it
     did (tokenizing the text is most of it). No passage appears twice."""
-    prose = passages(_paragraphs(pydoc_topics()), "\n\n")
-    n = len(prose) // 3
-    code = passages([p for src in stdlib_code() for p in _paragraphs(src)], "\n\n")
-    points = named_code_points()  # every script of the plane, not its first few: an even stride through it
-    stride = max(1, len(points) * RECORD_CHARS // (n * RECORD_PASSAGE_CHARS))
-    records = passages(unicode_records(points[::stride]), "\n", RECORD_PASSAGE_CHARS)
-    kinds = [spread(prose, n), spread(code, n), spread(records, n)]
+    each = kind_passages()
+    n = len(each["prose"]) // 3
+    kinds = [spread(each[kind], n) for kind in ("prose", "code", "records")]
     n = min(map(len, kinds))
     return "\n\n".join(k[i] for i in range(n) for k in kinds)
 

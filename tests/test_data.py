@@ -70,6 +70,24 @@ def test_the_default_corpus_mixes_prose_code_and_records_passage_by_passage():
     assert sum(any(p in text for p in read(m)) for m in CODE_MODULES) >= len(CODE_MODULES) - 2  # to (nearly) its last
 
 
+def test_the_mixture_interleaves_the_passages_each_kind_is_read_from_alone():
+    """One source for both: the mixture's passages are those `kind_passages` gives each kind (what the corpus_kinds
+    benchmark profiles alone), prose, code and records in turn; more records when more are asked for."""
+    from sensprof.corpus import KIND_SEPARATORS, kind_passages
+
+    each = kind_passages()
+    assert set(each) == set(KIND_SEPARATORS) == {"prose", "code", "records"}
+    assert KIND_SEPARATORS["prose"].join(each["prose"]) == builtin_corpus(PYDOC_NAME)  # the prose whole
+    found = {kind: set(p) for kind, p in each.items()}
+    mixed = builtin_corpus()
+    order = [next(k for k, ps in found.items() if p in ps) for p in each["prose"] + each["code"] if p in mixed]
+    assert order.count("prose") > 50 and order.count("code") > 50
+    first = [each[kind][0] for kind in ("prose", "code", "records")]
+    assert mixed.startswith("\n\n".join(first))
+    more = kind_passages(record_chars=450_000)["records"]
+    assert more[0].splitlines()[0] == each["records"][0].splitlines()[0] and 3 * len(each["records"]) < len(more)
+
+
 def test_builtin_corpus_is_deterministic_and_read_by_the_name_a_profile_recorded():
     assert builtin_corpus() == builtin_corpus()
     text, name = load_text(None)
