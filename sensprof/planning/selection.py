@@ -222,6 +222,13 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     tgt = get_target(plan.target, gpu, None, {layer["head_dim"] for layer in meta["layers"]})
     table, pricing_used = priced_table(profile, plan.target, tgt, pricing.get("context_len") or budget.context_len)
     problem = problem_from_table(table, meta["layers"], "kl")
+    growth = None
+    if plan.target == "sensprof":  # the K/V split re-learnt where the plan serves: a key error grows with context
+        growth = _kv_growth(loaded.model, ids, plan, profile, own, plan_reads(plan))
+        rebalanced = None if growth is None else _rebalanced(plan, profile, table, pricing_used, tgt, budget,
+                                                             growth["k"] / growth["v"])
+        if rebalanced is not None:
+            plans[f"plan (keys weighted x{growth['k'] / growth['v']:.2f})"] = rebalanced
     if plan.target == "sensprof" and uniform_set == "all":  # each plan also with sinks and recent tokens kept
         for label, candidate in list(plans.items()):
             kept = _keeping_recent(candidate, problem, budget, meta["layers"])
@@ -271,6 +278,8 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     record = {"windows": int(ids.shape[0]), "seq_len": int(ids.shape[1]), "seed": meta["settings"]["seed"]
               + SELECT_SEED_OFFSET, "window_slots": list(slots), "reads": reads, "candidates": rows,
               "chosen": best["name"], "uniform_won": bool(best["uniform"])}
+    if growth:  # the plan's keys alone and values alone, measured over their price at the selection's length
+        record["kv_growth"] = growth
     if screened:  # what each uniform scheme alone measured: the baselines' ranking
         record["uniform_screen"] = screened
     if text is not None:  # the user's text chose the plan: which, and that validate's windows need not avoid it
@@ -308,6 +317,48 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
         log(f"select: all layers at once measured {chosen.predicted.joint_summary()} the per-layer sum; validate's "
             "prediction carries it")
     return chosen.replace(solver=dataclasses.replace(chosen.solver, select=record))
+
+
+def _kv_growth(model, ids, plan: Plan, profile, own: int, reads: str) -> dict | None:
+    """The plan's keys alone and its values alone, measured on the selection's windows, each over its per-layer sum
+    priced at their length. A profile of a few hundred tokens prices a key error as if it stayed what it was there,
+    but it grows with context more than a value error does (docs/measurements.md, "What the built-in mixture
+    changes": keys weighed 0.09-0.23 of values at 256 tokens, 0.27-0.52 at 1024), so the split it teaches starves
+    the keys. None where a price is missing or zero."""
+    from .pricing import priced_at
+    from ..validation.validate import measure, predicted_damage
+
+    n = int(ids.shape[1])
+    at = priced_at(profile.table, profile.meta.get("reads", "streaming"), own, n, profile.meta["layers"])
+    alone = {"k": [dataclasses.replace(p, v_scheme="none") for p in plan.layers],
+             "v": [dataclasses.replace(p, k_scheme="none") for p in plan.layers]}
+    priced = {t: predicted_damage(at, layers) for t, layers in alone.items()}
+    if not all(math.isfinite(x) and x > 0 for x in priced.values()):
+        return None
+    measured = measure(model, ids, alone, reads=reads)
+    out = {t: round(measured[t]["kl"] / priced[t], 4) for t in alone}
+    return {**out, "seq_len": n} if all(x > 0 for x in out.values()) else None
+
+
+def _rebalanced(plan: Plan, profile, table, pricing, tgt, budget, key_weight: float) -> Plan | None:
+    """The plan solved again with every key cell's damage weighted by `key_weight` (the keys' measured growth over
+    the values'), each layer still recording the profile's priced damage; None if that changes nothing."""
+    from .plan import build_plan
+    from .planner import plan as solve, problem_from_table
+    from .pricing import PRICED_COLUMNS
+
+    weighted = table.copy()
+    keys = weighted.tensor == "K"
+    for column in PRICED_COLUMNS:
+        if column in weighted:
+            weighted.loc[keys, column] = weighted.loc[keys, column] * key_weight
+    robust = plan.solver.robust or 0.0  # the plan's own objective and robustness, only the weights change
+    solution = solve(problem_from_table(weighted, profile.meta["layers"], plan.objective, robust), tgt, budget)
+    result = build_plan(profile, solution, plan.target, plan.objective, budget, pricing, table)
+    if [(p.k_scheme, p.v_scheme) for p in result.layers] == [(p.k_scheme, p.v_scheme) for p in plan.layers]:
+        return None
+    return result.replace(predicted=dataclasses.replace(result.predicted, damage=sum(
+        p.k_damage + p.v_damage for p in result.layers)), solver=dataclasses.replace(result.solver, robust=robust))
 
 
 def short_chunks(ids, own: int, prefix: int):

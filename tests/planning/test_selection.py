@@ -413,3 +413,45 @@ def test_too_many_selection_windows_name_the_selection_flags(sel, capsys):
     line = one_error_line(*run_cli(capsys, "plan", sel.profile, "--avg-bits", "5", "--select-measured", "100000",
                                    "--device", "cpu"))
     assert "pass a longer --select-text, fewer --select-measured or a smaller --select-seq-len" in line
+
+
+def test_the_k_v_split_is_learnt_again_at_the_selections_length(sel, capsys, tmp_path, monkeypatch):
+    """Keys alone and values alone, measured over their price at the selection's length, weigh the key cells of a
+    re-solved candidate: heavier keys get more bits within the same budget, and selection measures that plan too."""
+    import dataclasses
+
+    from sensprof.planning import selection
+    from sensprof.planning.budget import Budget
+    from sensprof.planning.plan import make_plan, priced_table
+    from sensprof.schemes import get_scheme
+    from sensprof.targets import get_target
+
+    plan, _ = _plan(capsys, sel.profile, tmp_path / "p.json", "--select-uniforms", "menus")
+    budget = Budget("avg_bits", 5)
+    base = make_plan(sel.profile, "sensprof", budget)  # the selection's first candidate
+    loaded = load_model(sel.model, "cpu")
+    ids, _ = selection_windows(loaded.tokenizer, base, 2, 128)
+    profile = load_profile(sel.profile)
+    growth = selection._kv_growth(loaded.model, ids, base, profile, 32, "streaming")
+    assert plan.solver.select["kv_growth"] == growth and growth["seq_len"] == 128
+    at = priced_at(profile.table, "streaming", 32, 128, profile.meta["layers"])
+    for tensor, drop in (("k", "v_scheme"), ("v", "k_scheme")):
+        alone = [dataclasses.replace(p, **{drop: "none"}) for p in base.layers]
+        kl = measure(loaded.model, ids, {"x": alone})["x"]["kl"]
+        assert growth[tensor] == pytest.approx(kl / predicted_damage(at, alone), abs=1e-4)
+
+    def bits(p, tensor):
+        return sum(get_scheme(getattr(q, f"{tensor}_scheme")).bits for q in p.layers)
+
+    table, pricing = priced_table(profile, "sensprof", get_target("sensprof"), base.predicted.pricing["context_len"])
+    heavy = selection._rebalanced(base, profile, table, pricing, get_target("sensprof"), budget, 1e4)
+    assert bits(heavy, "k") > bits(base, "k") and bits(heavy, "v") < bits(base, "v")
+    assert heavy.predicted.budget_used <= base.predicted.budget_limit * (1 + 1e-9)  # the same budget
+    assert heavy.predicted.damage == pytest.approx(predicted_damage(table, heavy.layers))  # the profile's cells
+    assert selection._rebalanced(base, profile, table, pricing, get_target("sensprof"), budget, 1.0) is None
+
+    monkeypatch.setattr(selection, "_kv_growth", lambda *a: {"k": 1e4, "v": 1.0, "seq_len": 128})
+    forced, out = _plan(capsys, sel.profile, tmp_path / "q.json", "--select-uniforms", "menus")
+    names = [c["name"] for c in forced.solver.select["candidates"]]
+    assert "plan (keys weighted x10000.00)" in names, names
+    assert "plan (keys weighted x10000.00)" in out
