@@ -227,6 +227,10 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
         growth = _kv_growth(loaded.model, ids, plan, profile, own, plan_reads(plan))
         rebalanced = None if growth is None else _rebalanced(plan, profile, table, pricing_used, tgt, budget,
                                                              growth["k"] / growth["v"])
+        if growth is not None:
+            log(f"select: at {growth['seq_len']} tokens the plan's keys alone measured {growth['k']:.2f}x their "
+                f"price, its values alone {growth['v']:.2f}x" + ("" if rebalanced is None else
+                                                                 "; the plan with keys weighted so is a candidate"))
         if rebalanced is not None:
             plans[f"plan (keys weighted x{growth['k'] / growth['v']:.2f})"] = rebalanced
     if plan.target == "sensprof" and uniform_set == "all":  # each plan also with sinks and recent tokens kept

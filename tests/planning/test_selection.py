@@ -455,3 +455,5 @@ def test_the_k_v_split_is_learnt_again_at_the_selections_length(sel, capsys, tmp
     names = [c["name"] for c in forced.solver.select["candidates"]]
     assert "plan (keys weighted x10000.00)" in names, names
     assert "plan (keys weighted x10000.00)" in out
+    assert "select: at 128 tokens the plan's keys alone measured 10000.00x their price, its values alone 1.00x; the " \
+           "plan with keys weighted so is a candidate" in out
