@@ -4,6 +4,7 @@ read as the target reads it. Prints one table per length and writes a CSV.
 
     python benchmarks/plan_quality.py PROFILE_DIR [--avg-bits 3,4,5] [--select 2] [--lengths 256,1024]
                                       [--windows 2] [--uniform-top 5] [--model M] [--out results.csv]
+                                      [--text FILE] [--plans-out DIR]
 
 For each budget it plans twice: the priced plan (`sensprof plan`, damage priced at the serving length, default
 4096 tokens) and the plan chosen by measurement (`plan --select-measured N`). The uniform configurations measured
@@ -53,6 +54,8 @@ def main():
     ap.add_argument("--no-baselines", action="store_true",
                     help="sensprof target: leave out the uniform baselines of every configuration sensprof stores "
                          "(sensprof.validation.baselines), keeping the menus' candidates only")
+    ap.add_argument("--plans-out", default=None, metavar="DIR",
+                    help="also write each plan made here (<kind>-<budget>bits.json), to validate at other lengths")
     args = ap.parse_args()
 
     from sensprof.planning.budget import Budget
@@ -101,6 +104,10 @@ def main():
         table, _ = priced_table(profile, "sensprof", get_target("sensprof"), None)
         problem = problem_from_table(table, meta["layers"], "kl")
         uniforms.update(uniform_candidates(problem, budget, meta["layers"], top=args.uniform_top))
+    if args.plans_out:
+        os.makedirs(args.plans_out, exist_ok=True)
+        for (b, kind), p in plans.items():
+            p.save(os.path.join(args.plans_out, f"{kind}-{b:g}bits.json"))
     template = plans[(budgets[0], "selected" if args.select else "priced")]
     reads = plan_reads(template)
     text = None
