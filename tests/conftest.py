@@ -10,6 +10,10 @@ import pytest
 import torch
 
 VOCAB = 320
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Subprocesses (the CLI as a user runs it, Ray workers) import this checkout's sensprof, not whichever checkout an
+# editable install last pointed at: another clone's `pip install -e .` on the same machine repoints it.
+os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -608,3 +608,14 @@ def test_an_error_line_starts_a_line_of_its_own_after_an_open_progress_bar(capsy
     want = "sensprof: error: the text is too short" if error == "refusal" else "sensprof: interrupted;"
     assert any(line.startswith(want) for line in err.split("\n")), repr(err)
     assert "profiling" in err
+
+
+def test_a_subprocess_runs_this_checkouts_sensprof(tmp_path):
+    """Wherever it starts, the CLI a test launches is this checkout's, whichever checkout an editable install of
+    sensprof points at (another clone's `pip install -e .` repoints it)."""
+    from conftest import ROOT
+
+    r = subprocess.run([sys.executable, "-c", "import sensprof; print(sensprof.__file__)"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert os.path.realpath(r.stdout.strip()) == os.path.realpath(os.path.join(ROOT, "sensprof", "__init__.py"))
