@@ -4,7 +4,7 @@ read as the target reads it. Prints one table per length and writes a CSV.
 
     python benchmarks/plan_quality.py PROFILE_DIR [--avg-bits 3,4,5] [--select 2] [--lengths 256,1024]
                                       [--windows 2] [--uniform-top 5] [--model M] [--out results.csv]
-                                      [--text FILE] [--plans-out DIR]
+                                      [--text FILE] [--plans-out DIR | --plans-from DIR]
 
 For each budget it plans twice: the priced plan (`sensprof plan`, damage priced at the serving length, default
 4096 tokens) and the plan chosen by measurement (`plan --select-measured N`). The uniform configurations measured
@@ -56,6 +56,8 @@ def main():
                          "(sensprof.validation.baselines), keeping the menus' candidates only")
     ap.add_argument("--plans-out", default=None, metavar="DIR",
                     help="also write each plan made here (<kind>-<budget>bits.json), to validate at other lengths")
+    ap.add_argument("--plans-from", default=None, metavar="DIR",
+                    help="judge the plans an earlier run wrote with --plans-out instead of making them (no selection)")
     args = ap.parse_args()
 
     from sensprof.planning.budget import Budget
@@ -81,13 +83,25 @@ def main():
         args.unpriced = False
     for b in budgets:
         budget = Budget("avg_bits", b)
-        priced = make_plan(args.profile, args.target, budget, vllm_gpu=meta.get("settings", {}).get("vllm_gpu"))
-        plans[(b, "priced")] = priced
+        if args.plans_from:  # the plans an earlier run made (--plans-out), judged again, e.g. at another length
+            from sensprof.artifacts import load_plan
+
+            for kind in ("priced", "unpriced", "selected"):
+                path = os.path.join(args.plans_from, f"{kind}-{b:g}bits.json")
+                if os.path.exists(path):
+                    plans[(b, kind)] = load_plan(path)
+            if (b, "priced") not in plans:
+                sys.exit(f"--plans-from {args.plans_from}: no priced-{b:g}bits.json; run with --plans-out first")
+            args.unpriced = False
+        else:
+            plans[(b, "priced")] = make_plan(args.profile, args.target, budget,
+                                             vllm_gpu=meta.get("settings", {}).get("vllm_gpu"))
+        priced = plans[(b, "priced")]
         if args.target != "sensprof":
             for name, layer_plans in reference_configs(priced).items():
                 if name.startswith(f"{args.target} ") and "heuristic" not in name:
                     uniforms[name] = [(q.k_scheme, q.v_scheme) for q in layer_plans]
-            if args.select:
+            if args.select and not args.plans_from:
                 plans[(b, "selected")] = select_measured(priced, args.profile, budget, args.select, None, log=print,
                                                          loaded=loaded)
             continue
@@ -98,7 +112,7 @@ def main():
             table, pricing = priced_table(profile, "sensprof", get_target("sensprof"), own)  # scale 1: as measured
             solution = solve(problem_from_table(table, meta["layers"], "kl"), get_target("sensprof"), budget)
             plans[(b, "unpriced")] = build_plan(profile, solution, "sensprof", "kl", budget, pricing, table)
-        if args.select:
+        if args.select and not args.plans_from:
             chosen = select_measured(priced, args.profile, budget, args.select, None, log=print, loaded=loaded)
             plans[(b, "selected")] = chosen
         table, _ = priced_table(profile, "sensprof", get_target("sensprof"), None)
@@ -108,7 +122,8 @@ def main():
         os.makedirs(args.plans_out, exist_ok=True)
         for (b, kind), p in plans.items():
             p.save(os.path.join(args.plans_out, f"{kind}-{b:g}bits.json"))
-    template = plans[(budgets[0], "selected" if args.select else "priced")]
+    template = plans.get((budgets[0], "selected")) if args.select else None
+    template = template or plans[(budgets[0], "priced")]
     reads = plan_reads(template)
     text = None
     if args.text:
