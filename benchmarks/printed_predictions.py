@@ -37,7 +37,11 @@ def main() -> None:
     print(f"\ngrowth exponent in the all regime: every kind's {P.growth_exponent(checks):.3f} "
           f"({sum(map(len, pairs.values()))} pairs); " + ", ".join(
               f"{P.KINDS[k].split(' (')[0]} {P.growth_exponent(checks, k):.3f} ({len(v)} pairs)"
-              for k, v in pairs.items()) + f" (a kind's own from {P.MIN_PAIRS} pairs)\n")
+              for k, v in pairs.items()) + f" (a kind's own from {P.MIN_PAIRS} pairs)")
+    models = sorted({c.model for c in checks})
+    print("per model, where it has as many: " + ", ".join(
+        f"{m} on {P.KINDS[k].split(' (')[0]} {P.growth_exponent(checks, k, m):.3f} ({len(v)} pairs)"
+        for m in models for k, v in P.growth_pairs(checks, m).items() if len(v) >= P.MIN_PAIRS) + "\n")
     print("| kind | plans | checks | tokens | measured / printed |")
     print("|---|---|---|---|---|")
     for kind, label in P.KINDS.items():

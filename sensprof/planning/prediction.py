@@ -10,8 +10,8 @@ engine and length; docs/plan-quality.md, "Printed predictions against the engine
   position grows with how much of the past is quantized, which the pricing rule (constant damage per moved position)
   does not carry: the per-token dtypes are priced at scale 1. The prediction grows as (n / m) ** g from the
   longest length m a factor was measured at (the profile's length when none was), g the median of the growth
-  exponents measured between two lengths of the same configuration in the checks, on that engine where it has
-  enough of them (`growth_exponent`);
+  exponents measured between two lengths of the same configuration in the checks, for that model on that engine
+  where it has enough of them, else on that engine (`growth_exponent`);
 - llama.cpp's numerics: its matmuls round their inputs, and any change to the cache costs a floor of KL of its own
   (docs/engines.md), measured per model and added where the model's floor is recorded.
 
@@ -112,12 +112,12 @@ def _checks(path: str) -> tuple[Check, ...]:
 MIN_PAIRS = 3  # a kind's own growth where it has this many pairs of lengths measured, else every kind's
 
 
-def growth_pairs(checks) -> dict[str, list[float]]:
+def growth_pairs(checks, model: str | None = None) -> dict[str, list[float]]:
     """Per kind, log(KL(n2) / KL(n1)) / log(n2 / n1) between consecutive lengths of each configuration measured at
-    two or more lengths in the `all` regime."""
+    two or more lengths in the `all` regime (one model's only, where `model` is given)."""
     by_id: dict[tuple, dict[int, float]] = {}
     for c in checks:
-        if c.reads == "all" and c.kind in KINDS:
+        if c.reads == "all" and c.kind in KINDS and model in (None, c.model):
             by_id.setdefault((c.id, c.kind), {})[c.seq_len] = c.measured_kl
     out: dict[str, list[float]] = {}
     for (_, kind), lengths in by_id.items():
@@ -126,12 +126,16 @@ def growth_pairs(checks) -> dict[str, list[float]]:
     return out
 
 
-def growth_exponent(checks, kind: str | None = None) -> float:
-    """How damage grows with context in the `all` regime: the median of `growth_pairs`, the kind's own where it has
-    MIN_PAIRS of them (engines differ: llama.cpp's numerics floor does not grow), else every kind's; 0 with none."""
+def growth_exponent(checks, kind: str | None = None, model: str | None = None) -> float:
+    """How damage grows with context in the `all` regime: the median of `growth_pairs`, that model's on that kind
+    where it has MIN_PAIRS of them (models differ: Gemma 3's sliding-window layers barely grow), else the kind's own
+    where it has as many (engines differ: llama.cpp's numerics floor does not grow), else every kind's; 0 with none."""
     pairs = growth_pairs(checks)
-    own = pairs.get(kind, []) if kind else []
-    slopes = own if len(own) >= MIN_PAIRS else [g for v in pairs.values() for g in v]
+    for own in ((growth_pairs(checks, model).get(kind, []) if kind and model else []),
+                (pairs.get(kind, []) if kind else [])):
+        if len(own) >= MIN_PAIRS:
+            return statistics.median(own)
+    slopes = [g for v in pairs.values() for g in v]
     return statistics.median(slopes) if slopes else 0.0
 
 
@@ -210,7 +214,7 @@ def _point(per_layer_sum: float, kind: str, reads: str, profile_len: int, n: int
         factor, why = joint[m], f"all layers at once measured at {m} tokens"
     start = max(joint) if joint else profile_len
     if reads == "all" and n > start:
-        g = growth_exponent(checks, kind)
+        g = growth_exponent(checks, kind, model)
         factor *= (n / start) ** g
         why = ((why + " and " if why else "") + f"growth with context from {start} tokens, (n/{start})^{g:.2f}, the "
                "median measured in the all regime")

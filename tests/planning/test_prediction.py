@@ -64,8 +64,8 @@ def test_the_issues_data_points_are_now_priced_for_growth_and_the_floor():
     the 6-bit llama.cpp plan printed 1.08e-2 and llama.cpp measured 1.40e-2 / 1.70e-2 at 256 / 1024 (1.30x / 1.57x)."""
     vllm = _plan("smollm2-135m-vllm-cpu-9bits.json")
     p = P.for_plan(vllm, 1024)
-    g = P.growth_exponent(CHECKS, "vllm-cpu")  # vLLM's CPU backend's own: 11 pairs of lengths
-    assert 0.15 < g < 0.3 and len(P.growth_pairs(CHECKS)["vllm-cpu"]) >= P.MIN_PAIRS
+    g = P.growth_exponent(CHECKS, "vllm-cpu", "smollm2-135m")  # SmolLM2's own on vLLM's CPU backend: 10 pairs of lengths
+    assert 0.15 < g < 0.3 and len(P.growth_pairs(CHECKS, "smollm2-135m")["vllm-cpu"]) >= P.MIN_PAIRS
     assert p.kl == pytest.approx(vllm.predicted.damage * 4 ** g) and p.floor == 0
     for n, measured in ((1024, 2.2665e-2), (4096, 3.0849e-2)):  # 1.60x and 2.18x the sum
         assert 0.75 <= measured / P.for_plan(vllm, n).kl <= 1.25
@@ -289,3 +289,20 @@ def test_an_engine_with_enough_pairs_of_lengths_grows_by_its_own_measure():
     assert P.growth_exponent(checks, "vllm-cpu") == 0.0  # too few of its own: the median of all four pairs
     assert P.growth_exponent(own[:2] + vllm, "llamacpp") == pytest.approx(0.5)  # one own pair: all pairs' median
     assert P.growth_exponent(CHECKS, "llamacpp") < P.growth_exponent(CHECKS, "vllm-cpu")
+
+
+def test_a_model_with_enough_pairs_of_lengths_grows_by_its_own_measure():
+    """Gemma 3's sliding-window layers barely grow with context where SmolLM2's do: a model with MIN_PAIRS pairs on
+    an engine uses its own median there, one with fewer the engine's; a plan's printed figure follows its model."""
+    flat = [_check(f"g{i}", n=n, m=1.0, model="gemma") for i in range(3) for n in (256, 1024)]
+    steep = [_check(f"s{i}", n=n, m=m, model="smol") for i in range(3) for n, m in ((256, 1.0), (1024, 4.0))]
+    checks = flat + steep
+    assert P.growth_exponent(checks, "vllm-cpu", "gemma") == 0.0
+    assert P.growth_exponent(checks, "vllm-cpu", "smol") == pytest.approx(1.0)
+    assert P.growth_exponent(checks, "vllm-cpu") == pytest.approx(0.5)  # both models' pairs
+    assert P.growth_exponent(flat[:2] + steep, "vllm-cpu", "gemma") == pytest.approx(1.0)  # one own pair: the engine's
+    assert P.growth_exponent(CHECKS, "vllm-cpu", "gemma3-270m") < 0.05 < P.growth_exponent(CHECKS, "vllm-cpu",
+                                                                                          "smollm2-135m")
+    kw = dict(kind="vllm-cpu", reads="all", profile_len=256, n=4096, joint_factor=None, checks=checks)
+    assert P.predict(0.01, model="gemma", **kw).kl == pytest.approx(0.01)
+    assert P.predict(0.01, model="smol", **kw).kl == pytest.approx(0.01 * 16)
