@@ -109,7 +109,7 @@ def _checks(path: str) -> tuple[Check, ...]:
     return read_checks(path) if os.path.exists(path) else ()
 
 
-MIN_PAIRS = 3  # a kind's own growth where it has this many pairs of lengths measured, else every kind's
+MIN_PAIRS = 3  # a model's (else a kind's) own growth where it has this many pairs of lengths measured
 
 
 def growth_pairs(checks, model: str | None = None) -> dict[str, list[float]]:
@@ -118,9 +118,9 @@ def growth_pairs(checks, model: str | None = None) -> dict[str, list[float]]:
     by_id: dict[tuple, dict[int, float]] = {}
     for c in checks:
         if c.reads == "all" and c.kind in KINDS and model in (None, c.model):
-            by_id.setdefault((c.id, c.kind), {})[c.seq_len] = c.measured_kl
+            by_id.setdefault((c.model, c.id, c.kind), {})[c.seq_len] = c.measured_kl
     out: dict[str, list[float]] = {}
-    for (_, kind), lengths in by_id.items():
+    for (_, _, kind), lengths in by_id.items():
         ns = sorted(lengths)
         out.setdefault(kind, []).extend(math.log(lengths[b] / lengths[a]) / math.log(b / a) for a, b in zip(ns, ns[1:]))
     return out

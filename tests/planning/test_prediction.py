@@ -306,3 +306,5 @@ def test_a_model_with_enough_pairs_of_lengths_grows_by_its_own_measure():
     kw = dict(kind="vllm-cpu", reads="all", profile_len=256, n=4096, joint_factor=None, checks=checks)
     assert P.predict(0.01, model="gemma", **kw).kl == pytest.approx(0.01)
     assert P.predict(0.01, model="smol", **kw).kl == pytest.approx(0.01 * 16)
+    # one configuration name measured on two models at two lengths is no pair of lengths
+    assert P.growth_pairs([_check("same", n=256, m=1.0, model="a"), _check("same", n=1024, m=4.0, model="b")]).get("vllm-cpu") == []
