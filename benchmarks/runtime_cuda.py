@@ -8,7 +8,8 @@
    heads, head_dim 128). Reports time, bytes read, achieved bytes/s and the fraction of the GPU's peak
    bandwidth.
 2. End to end: decode tokens/s of a randomly initialised smollm2-135m-shaped Llama (same speed as the real
-   weights) with DynamicCache vs PlannedCache (4-bit plan, Triton kernels), at contexts 1K/4K/8K, batch 1.
+   weights) with DynamicCache vs PlannedCache (4-bit plan, Triton kernels) and vs the formats of the shipped
+   per-layer plan plans/smollm2-135m-sensprof-5bits.json, at contexts 1K/4K/8K, batch 1.
 
     python benchmarks/runtime_cuda.py --out benchmarks/results            # on a machine with an NVIDIA GPU
     TRITON_INTERPRET=1 python benchmarks/runtime_cuda.py --smoke --out /tmp/b   # tiny shapes, on the CPU
@@ -28,6 +29,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+PER_LAYER_PLAN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plans",
+                              "smollm2-135m-sensprof-5bits.json")
 PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
 
 
@@ -160,7 +163,7 @@ def end_to_end_rows(device, contexts, steps, smoke):
     from transformers import DynamicCache
 
     from sensprof.models import describe_layers, fingerprint
-    from sensprof.artifacts import LayerPlan, Plan
+    from sensprof.artifacts import LayerPlan, Plan, load_plan
     from sensprof.runtime import PlannedCache
     from sensprof.runtime.generate import cache_kwarg
 
@@ -181,6 +184,13 @@ def end_to_end_rows(device, contexts, steps, smoke):
     plan = Plan.hand_made("random smollm2-135m shape", fingerprint(model), layers)
     caches = {"DynamicCache (bf16)": lambda: DynamicCache(config=model.config),
               "PlannedCache int4_c32/int4_t32 (Triton)": lambda: PlannedCache.from_plan(plan, model, kernels="triton")}
+    if not smoke and os.path.exists(PER_LAYER_PLAN):  # the shipped per-layer plan's formats on the same weights
+        shipped = load_plan(PER_LAYER_PLAN).layers
+        mixed = Plan.hand_made("random smollm2-135m shape, per-layer formats", fingerprint(model), [
+            LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, s.k_scheme, s.v_scheme, 0.0, 0.0, {})
+            for i, s in zip(describe_layers(model), shipped)])
+        caches[f"PlannedCache {os.path.basename(PER_LAYER_PLAN)} formats (Triton)"] = \
+            lambda: PlannedCache.from_plan(mixed, model, kernels="triton")
     rows = []
     for n in contexts:
         ids = torch.randint(3, cfg.vocab_size, (1, n), device=device, generator=torch.Generator(device).manual_seed(n))

@@ -65,7 +65,7 @@ class MomentStats:
         a = x.detach().abs().amax(dim=(0, 2)).float().cpu()
         self.chan_absmax = a if self.chan_absmax is None else torch.maximum(self.chan_absmax, a)
         xd = x.detach().double().reshape(-1)
-        self.moments += torch.stack([torch.tensor(float(xd.numel()), dtype=torch.float64), xd.sum(),
+        self.moments += torch.stack([xd.new_tensor(float(xd.numel())), xd.sum(),  # on x's device (a GPU's too)
                                      xd.pow(2).sum(), xd.pow(3).sum(), xd.pow(4).sum()]).cpu()
 
     @property

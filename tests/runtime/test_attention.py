@@ -24,7 +24,9 @@ def test_packed_decode_reads_the_same_cache_as_the_dense_path(arch, device):
     packed = decode_logprobs(model, cache, ids)
     assert model.config._attn_implementation.startswith("sensprof_planned_")
     assert all(layer.packed_steps > 60 for layer in cache.layers)
-    assert (packed - dense).abs().max() < 1e-5
+    # cuBLAS sums the dense path's fp32 products in another order than the CPU: 70 steps through 3 layers move
+    # log-probabilities of ~6 by 7e-5 on an H200
+    assert (packed - dense).abs().max() < (1e-5 if device.type == "cpu" else 2e-4)
 
 
 def test_packed_decode_reads_every_layout_and_a_left_padded_batch_as_the_dense_read_does(tiny_tokenizer,

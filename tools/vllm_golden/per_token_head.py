@@ -51,21 +51,10 @@ from vllm.v1.attention.ops import triton_reshape_and_cache_flash as rc  # noqa: 
 from vllm.v1.kv_cache_interface import KVQuantMode  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data", "vllm", "per_token_head.pt")
-T, H, BLOCK = 5, 2, 16
-DIMS = (64, 96, 128, 256)  # 96: non-power-of-two, the RHT runs on 32-wide blocks
-
-
-def inputs(d: int, seed: int, t: int = T, h: int = H, dtype=torch.bfloat16):
-    g = torch.Generator().manual_seed(seed)
-    k = torch.randn(t, h, d, generator=g)
-    k[..., torch.randperm(d, generator=g)[:3]] *= 20.0  # three outlier channels
-    v = torch.randn(t, h, d, generator=g)
-    if t >= 5:
-        k[1, 0] = 0.0  # scale floor 1e-6
-        v[2, 1] = 0.0
-        k[3, 1] *= 1e-7  # tiny head: floor again
-        v[4, 0] = 0.25  # constant head: max == min
-    return k.to(dtype), v.to(dtype)
+from golden_common import PTH_BLOCK as BLOCK  # noqa: E402
+from golden_common import PTH_DIMS as DIMS  # noqa: E402
+from golden_common import per_token_head_inputs as inputs  # noqa: E402
+import golden_common  # noqa: E402
 
 
 def int4_write(k, v):
@@ -81,11 +70,7 @@ def int4_write(k, v):
 
 def int4_readback(packed, scale_zp):
     """The read kernel's (code - zp) * (scale & ~0xF), rotated back with vLLM's single_rht and divided by b."""
-    codes = torch.stack([packed & 0xF, packed >> 4], -1).reshape(*packed.shape[:-1], -1).float()
-    bits = scale_zp.view(torch.int32)
-    deq = (codes - (bits & 0xF).float()[..., None]) * (bits & -16).view(torch.float32)[..., None]
-    d = deq.shape[-1]
-    return i4.single_rht(deq, inverse=True) / (d & -d)
+    return golden_common.int4_readback(packed, scale_zp, i4.single_rht)
 
 
 def pth_write(k, v, dtype, mode):

@@ -44,9 +44,13 @@ from vllm.v1.attention.ops.triton_turboquant_decode import (  # noqa: E402
 from vllm.v1.attention.ops.triton_turboquant_store import triton_turboquant_store  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data", "vllm", "turboquant.pt")
-PRESETS = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
-DIMS = (64, 128, 256)
-T, H, GQA, BS = 6, 2, 2, 16
+from golden_common import TQ_BS as BS  # noqa: E402
+from golden_common import TQ_DIMS as DIMS  # noqa: E402
+from golden_common import TQ_GQA as GQA  # noqa: E402
+from golden_common import TQ_H as H  # noqa: E402
+from golden_common import TQ_PRESETS as PRESETS  # noqa: E402
+from golden_common import TQ_T as T  # noqa: E402
+from golden_common import turboquant_inputs as inputs  # noqa: E402
 
 
 def _hadamard_fn():
@@ -57,18 +61,6 @@ def _hadamard_fn():
     ns = {"torch": torch, "math": math}
     exec(compile(ast.Module([fn], []), src_path, "exec"), ns)
     return lambda d: ns["_build_hadamard_cached"](d, "cpu")
-
-
-def inputs(d: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    k = torch.randn(T, H, d, generator=g)
-    k[..., torch.randperm(d, generator=g)[:3]] *= 20.0  # three outlier channels
-    v = torch.randn(T, H, d, generator=g)
-    k[1, 0] = 0.0  # zero key: norm 0 -> x_hat 0 -> every coordinate in the middle bucket
-    v[2, 1] = 0.0  # constant value: scale clamps to 1e-8
-    v[3, 0] *= 1e-3
-    q = torch.randn(1, H * GQA, d, generator=g)
-    return k.half(), v.half(), q.half()
 
 
 def main():

@@ -345,7 +345,8 @@ def decode_attention_in_splits(q: torch.Tensor, k: PackedRead, v: PackedRead, k_
             cos, sin = (_row_major(x.to(device=q.device, dtype=torch.float32)) for x in k.rope)
             if cos.stride() != sin.stride():
                 cos, sin = cos.contiguous(), sin.contiguous()
-            rope, rs = 2 * cos.shape[-1], cos.stride()[:2]
+            # a table shared by the batch ([1, T, R/2]) broadcasts: batch stride 0, as torch broadcasts it
+            rope, rs = 2 * cos.shape[-1], (0 if cos.shape[0] == 1 else cos.stride(0), cos.stride(1))
         mk = acc if mask is None else mask.view(torch.uint8)
         _decode_kernel[(b * hkv, n_splits)](
             qk.contiguous(), kc, klut, ks, kz, vc, vlut, vs, vz, cos, sin, mk, m, lsum, acc,

@@ -167,3 +167,30 @@ def test_planned_cache_decodes_through_the_triton_kernels_as_through_the_referen
         print("ok", err)
     """)
     assert out.startswith("ok")
+
+
+@needs_triton
+@pytest.mark.parametrize("table_batch", [1, 2])
+def test_triton_decode_rotates_keys_stored_before_rope_with_a_table_the_batch_shares(table_batch):
+    """Keys stored before RoPE over their first 24 of 32 channels (partial rotary), for a batch of 2: one RoPE table
+    per row, or one [1, T, R/2] table every row shares (the runtime's, positions alike), which broadcasts."""
+    out = run_interpreted(f"""
+        import dataclasses
+        import torch
+        from runtime.kernels.packed import packed_cache
+        from sensprof.runtime.kernels import reference, triton_kernels
+        args, kw, _ = packed_cache(b=2, t=64, d=32)
+        pos = torch.arange(64, dtype=torch.float32)[None, :, None] * torch.tensor([1.0, 0.3, 0.1, 0.03, 0.01,
+                                                                                   0.003, 0.001, 3e-4, 1e-4, 3e-5,
+                                                                                   1e-5, 3e-6])
+        cos, sin = pos.cos().repeat({table_batch}, 1, 1), pos.sin().repeat({table_batch}, 1, 1)
+        args["k"] = dataclasses.replace(args["k"], rope=(cos, sin))
+        a = triton_kernels.decode_attention_in_splits(**args, **kw, n_splits=2)
+        b = reference.decode_attention(**args, **kw)
+        plain = dict(args, k=dataclasses.replace(args["k"], rope=None))
+        assert (reference.decode_attention(**plain, **kw) - b).abs().max() > 1e-2  # the rotation matters
+        err = (a - b).abs().max().item()
+        assert err < 1e-5, err
+        print("ok", err)
+    """)
+    assert out.startswith("ok")
