@@ -303,6 +303,14 @@ def _read_args(r: PackedRead, zero_like: torch.Tensor):
     return tensors, cs, scale.stride(), zs, const, float(r.offset or 0.0)
 
 
+# The decode launch's shape: tokens per tile, the programs it aims for over batch x KV heads x splits (at most
+# max_splits splits), Triton's warps and pipeline stages (None: Triton's defaults). A module setting, not an argument:
+# every backend keeps one signature (contract.py); benchmarks/decode_kernel_sweep.py varies it on a GPU. 64-token
+# tiles: 1.12-1.17x the 32-token tiles' speed at 8K-128K tokens on an H200, the best of 12 launch shapes there
+# (benchmarks/results/2026-12-04-h200/); none moved the kernel past ~6% of the card's bandwidth.
+DECODE_TUNING = {"block_t": 64, "programs": 1024, "max_splits": 128, "num_warps": None, "num_stages": None}
+
+
 def decode_attention(q: torch.Tensor, k: PackedRead, v: PackedRead, k_tail: torch.Tensor, v_tail: torch.Tensor, *,
                      scaling: float, mask: torch.Tensor | None = None) -> torch.Tensor:
     return decode_attention_in_splits(q, k, v, k_tail, v_tail, scaling=scaling, n_splits=None, mask=mask)
@@ -321,8 +329,9 @@ def decode_attention_in_splits(q: torch.Tensor, k: PackedRead, v: PackedRead, k_
         return reference.decode_attention(q, k, v, k_tail, v_tail, scaling=scaling, mask=mask)
     rep = hq // hkv
     # enough programs to fill the GPU at batch 1 (splits), few enough that merging them stays cheap
-    n_splits = n_splits or max(1, min(128, triton.cdiv(t, 512), triton.cdiv(1024, b * hkv)))
-    block_t = 32
+    n_splits = n_splits or max(1, min(DECODE_TUNING["max_splits"], triton.cdiv(t, 512),
+                                      triton.cdiv(DECODE_TUNING["programs"], b * hkv)))
+    block_t = DECODE_TUNING["block_t"]
     # tl.dot needs every tile side >= 16: pad the query heads of a KV head to 16 rows (masked), small head dims
     # fall back to broadcast sums
     use_dot = d >= 16
@@ -357,7 +366,8 @@ def decode_attention_in_splits(q: torch.Tensor, k: PackedRead, v: PackedRead, k_
             K_CG=kk["CG"], V_TG=vk["TG"], V_CG=vk["CG"], K_WORD=kk["WORD"], V_WORD=vk["WORD"],
             K_DENSE=kk["DENSE"], V_DENSE=vk["DENSE"], K_WIDE=kk["WIDE"], V_WIDE=vk["WIDE"], ROPE=rope, HAS_MASK=mask is not None,
             BLOCK_T=block_t, N_SPLITS=n_splits, N_BLOCKS=blocks, REP=rep, REP_P2=rep_p2, USE_DOT=use_dot,
-            TILE_DTYPE=tile_dtype)
+            TILE_DTYPE=tile_dtype, **{k: DECODE_TUNING[k] for k in ("num_warps", "num_stages")
+                                      if DECODE_TUNING[k] is not None})
     # the full-precision tail is one more split, done densely
     qf = q.float().reshape(b, hkv, rep, d)
     if tt:
