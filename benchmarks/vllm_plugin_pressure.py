@@ -8,8 +8,15 @@ For each plan (made with `sensprof plan ... --target vllm --vllm-gpu cpu --per-l
 hand-made plan cycling vLLM's own auto / fp8_e4m3 / fp8_e5m2 over the same model's layers), vLLM's CPU backend
 (tools/engines/install.sh) serves a float32 checkpoint of the plan's model:
   roomy:    5 prompts (40, 7, 150, 60, 60 tokens of the built-in corpus), each alone and all in one call;
-  pressure: the two 60-token prompts again in an engine of five 32-token blocks with 32-token prefill chunks, so
-            every prefill is chunked and one request is preempted and recomputed.
+  pressure: the two 60-token prompts again in an engine of five 32-token blocks per KV-cache group (vLLM keeps one
+            block of the pool back, so four per group hold one request of the 128-token maximum; each group of a
+            sliding-window model takes its own blocks: six groups on Gemma 3 270M) with 32-token prefill chunks, so
+            every prefill is chunked and, together, the scheduler admits both and preempts one when the blocks run
+            out (whether it does depends on the order it grows them in: the preemption count is reported). Fewer
+            blocks do not force it: at four per group vLLM admits the second request only after the first ends.
+Verdicts: tokens equal everywhere; each prompt's log-probabilities alone in the pressed engine (chunked prefill,
+small pages) equal the roomy engine's within 1e-4. Together, log-probabilities move by vLLM's batch variance (float32
+matmuls of other shapes), which the roomy engine's own together-vs-alone difference measures: reported, not gated.
 Prints one line per plan and writes everything the engines reported to --out (JSON)."""
 
 from __future__ import annotations
@@ -50,8 +57,10 @@ def check(name: str, layers: list[str], roomy: dict, pressed: dict) -> dict:
         return {"plan": name, "ok": False, "errors": errors}
     served = [l["kv_cache_dtype"] if l["backend"] != "SENSPROF_KV" else "pair" for l in roomy["layers"]]
     want = ["pair" if d.startswith("k:") else d for d in layers]
-    lp = max(abs(a - b) for x, y in zip(pressed["together_logprobs"], roomy["alone_logprobs"][3:])
-             for a, b in zip(x, y))
+    def most(xs, ys):
+        return max(abs(a - b) for x, y in zip(xs, ys) for a, b in zip(x, y))
+
+    alone = most(pressed["alone_logprobs"], roomy["alone_logprobs"][3:])
     verdict = {
         "plan": name, "layers_as_planned": served == want,
         "backends": sorted({l["backend"] for l in roomy["layers"]}),
@@ -59,12 +68,32 @@ def check(name: str, layers: list[str], roomy: dict, pressed: dict) -> dict:
         "batched_equals_alone": roomy["alone"] == roomy["together"],
         "preemptions": pressed["preemptions"],
         "pressure_tokens_equal_roomy": pressed["alone"] == pressed["together"] == roomy["alone"][3:],
-        "pressure_max_logprob_diff": lp,
+        "pressure_alone_logprob_diff": alone,
+        "pressure_together_logprob_diff": most(pressed["together_logprobs"], roomy["alone_logprobs"][3:]),
+        "roomy_batch_logprob_diff": most(roomy["together_logprobs"], roomy["alone_logprobs"]),
         "start_s": [roomy.get("start_s"), pressed.get("start_s")],
     }
     verdict["ok"] = (verdict["layers_as_planned"] and verdict["batched_equals_alone"]
-                     and verdict["preemptions"] >= 1 and verdict["pressure_tokens_equal_roomy"] and lp < 1e-3)
+                     and verdict["preemptions"] >= 1 and verdict["pressure_tokens_equal_roomy"] and alone < 1e-4)
     return verdict
+
+
+def run_job(python: str, configs: list[dict], work: str, tag: str) -> list[dict]:
+    """Every configuration through plugins/vllm/tests/engine_job.py in vLLM's environment: their reports."""
+    job, log = os.path.join(work, f"{tag}.json"), os.path.join(work, f"{tag}.log")
+    with open(job, "w") as f:
+        json.dump({"configs": configs}, f)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=work)
+    with open(log, "w") as out:
+        rc = subprocess.run([python, JOB, job], stdout=out, stderr=subprocess.STDOUT, env=env,
+                            stdin=subprocess.DEVNULL, cwd=work).returncode
+    if rc:
+        sys.exit(f"the engine job failed (exit {rc}); its log ends:\n{open(log).read()[-3000:]}")
+    results = []
+    for c in configs:
+        with open(c["out"]) as f:
+            results.append(json.load(f))
+    return results
 
 
 def main() -> None:
@@ -86,7 +115,7 @@ def main() -> None:
     python = find_engine_python("vllm").python
     report = {"plans": [], "verdicts": []}
     with tempfile.TemporaryDirectory(prefix="sensprof-pressure-") as work:
-        configs, named = [], []
+        roomy, named = [], []
         for i, path in enumerate(args.plans):
             plan = load_plan(path)
             loaded = load_for_plan(plan, device="cpu", dtype="float32", quiet=True)
@@ -99,30 +128,22 @@ def main() -> None:
                 variants.append((f"{plan.model_id} hand-made auto/fp8_e4m3/fp8_e5m2", mixed))
             ids = prompts(loaded.tokenizer)
             for name, p in variants:
-                for kind, extra in (("roomy", {}), ("pressure", {"llm_args": PRESSURE})):
-                    tag = f"{len(configs)}"
-                    configs.append({"name": f"{name} {kind}", "model": ckpt, "out": os.path.join(work, f"{tag}.json"),
-                                    "additional_config": {PLUGIN_KEY: p},
-                                    "prompts": ids if kind == "roomy" else ids[3:], "max_tokens": 8, **extra})
+                roomy.append({"name": f"{name} roomy", "model": ckpt, "out": os.path.join(work, f"r{len(roomy)}.json"),
+                              "additional_config": {PLUGIN_KEY: p}, "prompts": ids, "max_tokens": 8})
                 named.append((name, p["layers"]))
             del loaded
-        job = os.path.join(work, "job.json")
-        with open(job, "w") as f:
-            json.dump({"configs": configs}, f)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=work)
         t0 = time.time()
-        log = os.path.join(work, "job.log")
-        with open(log, "w") as out:
-            rc = subprocess.run([python, JOB, job], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL, cwd=work).returncode
-        if rc:
-            sys.exit(f"the engine job failed (exit {rc}); its log ends:\n{open(log).read()[-3000:]}")
-        results = []
-        for c in configs:
-            with open(c["out"]) as f:
-                results.append(json.load(f))
+        roomy_results = run_job(python, roomy, work, "roomy")
+        pressed = []
+        for j, (c, r) in enumerate(zip(roomy, roomy_results)):  # five blocks per KV-cache group the roomy engine formed
+            groups = len(r.get("kv", {}).get("group_layers") or [0])
+            args_ = dict(PRESSURE, num_gpu_blocks_override=PRESSURE["num_gpu_blocks_override"] * groups)
+            pressed.append(dict(c, name=c["name"].replace(" roomy", " pressure"), out=os.path.join(work, f"p{j}.json"),
+                                prompts=c["prompts"][3:], llm_args=args_))
+        pressed_results = run_job(python, pressed, work, "pressure")
+        configs, results = roomy + pressed, roomy_results + pressed_results
         for j, (name, layers) in enumerate(named):
-            v = check(name, layers, results[2 * j], results[2 * j + 1])
+            v = check(name, layers, roomy_results[j], pressed_results[j])
             report["verdicts"].append(v)
             print(json.dumps(v), flush=True)
         report["plans"] = [{"config": {k: c[k] for k in ("name", "prompts", "max_tokens") if k in c},
