@@ -10,6 +10,7 @@ PyTorch reference on the same cache; prints one JSON row per (shape, layout, con
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -45,6 +46,7 @@ def main() -> None:
     default = dict(triton_kernels.DECODE_TUNING)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
     gen = torch.Generator(device=device).manual_seed(0)
+    peak = peak_bandwidth(torch.cuda.get_device_name(0)) if device.type == "cuda" else None
     rows, t0 = [], time.time()
     for t, b in shapes:
         if time.time() - t0 > args.budget_s:
@@ -65,9 +67,8 @@ def main() -> None:
                     got = triton_kernels.decode_attention(q, **cache, **kw)
                     if want is not None:
                         row["max_abs_err"] = float((got.float() - want.float()).abs().max())
-                    sec = timed(lambda: triton_kernels.decode_attention(q, **cache, **kw), device, iters)
+                    sec = timed(functools.partial(triton_kernels.decode_attention, q, **cache, **kw), device, iters)
                     row.update(ms=sec * 1e3, gb_per_s=nbytes / sec / 1e9)
-                    peak = peak_bandwidth(torch.cuda.get_device_name(0)) if device.type == "cuda" else None
                     if peak:
                         row["pct_peak"] = 100 * nbytes / sec / peak
                 except Exception as e:  # a configuration the compiler refuses (registers, shared memory)
@@ -91,8 +92,8 @@ def main() -> None:
             best[key] = r
     for key, r in best.items():
         base = next((x for x in rows if (x["context"], x["batch"], x["layout"]) == key and "ms" in x
-                     and all(x[k] == default[k] or (k == "num_warps" and x[k] == 4) for k in ("block_t", "programs"))
-                     and x["num_warps"] in (None, 4)), None)
+                     and x["block_t"] == default["block_t"] and x["programs"] == default["programs"]
+                     and x["num_warps"] in (None, 4)), None)  # Triton's default is 4 warps
         print(f"best {key}: {r['ms']:.3f} ms ({r.get('gb_per_s', 0):.0f} GB/s) with "
               f"{ {k: r[k] for k in grid} }" + (f"; default-like {base['ms']:.3f} ms" if base else ""))
 

@@ -179,16 +179,18 @@ def end_to_end_rows(device, contexts, steps, smoke):
     model = tf.LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
     model.set_attn_implementation("sdpa")
     kw = cache_kwarg(model)
-    layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, "int4_c32", "int4_t32", 0.0, 0.0, {})
-              for i in describe_layers(model)]
-    plan = Plan.hand_made("random smollm2-135m shape", fingerprint(model), layers)
+
+    def hand_plan(name, pairs):  # each layer's (K, V) schemes on these random weights
+        return Plan.hand_made(name, fingerprint(model), [
+            LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, k, v, 0.0, 0.0, {})
+            for i, (k, v) in zip(describe_layers(model), pairs, strict=True)])
+
+    plan = hand_plan("random smollm2-135m shape", [("int4_c32", "int4_t32")] * cfg.num_hidden_layers)
     caches = {"DynamicCache (bf16)": lambda: DynamicCache(config=model.config),
               "PlannedCache int4_c32/int4_t32 (Triton)": lambda: PlannedCache.from_plan(plan, model, kernels="triton")}
     if not smoke and os.path.exists(PER_LAYER_PLAN):  # the shipped per-layer plan's formats on the same weights
-        shipped = load_plan(PER_LAYER_PLAN).layers
-        mixed = Plan.hand_made("random smollm2-135m shape, per-layer formats", fingerprint(model), [
-            LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, s.k_scheme, s.v_scheme, 0.0, 0.0, {})
-            for i, s in zip(describe_layers(model), shipped)])
+        mixed = hand_plan("random smollm2-135m shape, per-layer formats",
+                          [(s.k_scheme, s.v_scheme) for s in load_plan(PER_LAYER_PLAN).layers])
         caches[f"PlannedCache {os.path.basename(PER_LAYER_PLAN)} formats (Triton)"] = \
             lambda: PlannedCache.from_plan(mixed, model, kernels="triton")
     rows = []

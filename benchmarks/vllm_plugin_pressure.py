@@ -55,14 +55,16 @@ def check(name: str, layers: list[str], roomy: dict, pressed: dict) -> dict:
     errors = [f"{k}: {r['error']}" for k, r in (("roomy", roomy), ("pressure", pressed)) if "error" in r]
     if errors:
         return {"plan": name, "ok": False, "errors": errors}
-    served = [l["kv_cache_dtype"] if l["backend"] != "SENSPROF_KV" else "pair" for l in roomy["layers"]]
-    want = ["pair" if d.startswith("k:") else d for d in layers]
+    # a K/V pair runs on SENSPROF_KV with its two formats; vLLM's own dtypes on CPU_ATTN
+    served = [f"k:{l['formats'][0]}/v:{l['formats'][1]}" if l["backend"] == "SENSPROF_KV" else l["kv_cache_dtype"]
+              for l in roomy["layers"]]
+
     def most(xs, ys):
         return max(abs(a - b) for x, y in zip(xs, ys) for a, b in zip(x, y))
 
     alone = most(pressed["alone_logprobs"], roomy["alone_logprobs"][3:])
     verdict = {
-        "plan": name, "layers_as_planned": served == want,
+        "plan": name, "layers_as_planned": served == layers,
         "backends": sorted({l["backend"] for l in roomy["layers"]}),
         "bytes_per_token": roomy["kv"]["bytes_per_token"],
         "batched_equals_alone": roomy["alone"] == roomy["together"],

@@ -3,6 +3,8 @@
 Kept apart from the scripts because those import vLLM (and hide the GPU) when imported; this module needs torch
 alone. Changing anything here changes the fixtures: re-run the golden scripts."""
 
+import math
+
 import torch
 
 # per_token_head.py: tokens, heads, the cache's block size, head dims (96: not a power of two, the RHT runs on
@@ -51,3 +53,21 @@ def int4_readback(packed, scale_zp, single_rht):
     deq = (codes - (bits & 0xF).float()[..., None]) * (bits & -16).view(torch.float32)[..., None]
     d = deq.shape[-1]
     return single_rht(deq, inverse=True) / (d & -d)
+
+
+def turboquant_full_dequant(kernel, cache, block_table, centroids, cfg, d: int):
+    """vLLM's `_tq_full_dequant_kv` (passed in: it lives in vLLM) over the first block's TQ_T tokens, launched as
+    turboquant.py always has: (K, V) [1, TQ_H, TQ_BS, d] fp16 on the cache's device, in the rotated basis."""
+    kd = torch.zeros(1, TQ_H, TQ_BS, d, dtype=torch.float16, device=cache.device)
+    vd = torch.zeros(1, TQ_H, TQ_BS, d, dtype=torch.float16, device=cache.device)
+    kernel[(TQ_T, TQ_H)](
+        cache, block_table, centroids, kd, vd,
+        kd.stride(0), kd.stride(1), kd.stride(2), vd.stride(0), vd.stride(1), vd.stride(2),
+        cache.stride(0), cache.stride(1), cache.stride(2), block_table.stride(0),
+        HEAD_DIM=d, BLOCK_SIZE=TQ_BS, NUM_KV_HEADS=TQ_H, MSE_BYTES=math.ceil(d * cfg.key_mse_bits / 8),
+        KPS=cfg.key_packed_size, VQB=cfg.value_quant_bits,
+        VAL_DATA_BYTES=math.ceil(d * cfg.value_quant_bits / 8), MSE_BITS=cfg.key_mse_bits,
+        KEY_FP8=int(cfg.key_fp8), BLOCK_D=1 << (d - 1).bit_length(),
+        NORM_CORRECTION=int(cfg.norm_correction), FP8_E4B15=0,
+    )
+    return kd, vd

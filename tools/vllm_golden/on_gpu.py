@@ -509,8 +509,7 @@ def write_json(done=False):
 # ----------------------------------------------- inputs: the golden scripts' own (golden_common.py)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from golden_common import (PTH_BLOCK, PTH_DIMS, PTH_H, PTH_T, TQ_BS, TQ_DIMS, TQ_GQA, TQ_H,  # noqa: E402,F401
-                           TQ_PRESETS, TQ_T)
+from golden_common import PTH_BLOCK, PTH_DIMS, TQ_BS, TQ_DIMS, TQ_H, TQ_PRESETS, TQ_T  # noqa: E402
 from golden_common import per_token_head_inputs as pth_inputs  # noqa: E402
 from golden_common import turboquant_inputs as tq_inputs  # noqa: E402
 import golden_common  # noqa: E402
@@ -735,19 +734,7 @@ def case_tq(gold, ci, d, p, hadamard):
     k8_gpu = cfg.key_fp8 and KIND == "cuda"
 
     def dequant():
-        kd = torch.zeros(1, TQ_H, TQ_BS, d, dtype=torch.float16, device=DEV)
-        vd = torch.zeros(1, TQ_H, TQ_BS, d, dtype=torch.float16, device=DEV)
-        mse_bytes = math.ceil(d * cfg.key_mse_bits / 8)
-        _tq_full_dequant_kv[(TQ_T, TQ_H)](
-            cache, bt, cent_d, kd, vd,
-            kd.stride(0), kd.stride(1), kd.stride(2), vd.stride(0), vd.stride(1), vd.stride(2),
-            cache.stride(0), cache.stride(1), cache.stride(2), bt.stride(0),
-            HEAD_DIM=d, BLOCK_SIZE=TQ_BS, NUM_KV_HEADS=TQ_H, MSE_BYTES=mse_bytes,
-            KPS=cfg.key_packed_size, VQB=cfg.value_quant_bits,
-            VAL_DATA_BYTES=math.ceil(d * cfg.value_quant_bits / 8), MSE_BITS=cfg.key_mse_bits,
-            KEY_FP8=int(cfg.key_fp8), BLOCK_D=1 << (d - 1).bit_length(),
-            NORM_CORRECTION=int(cfg.norm_correction), FP8_E4B15=0,
-        )
+        kd, vd = golden_common.turboquant_full_dequant(_tq_full_dequant_kv, cache, bt, cent_d, cfg, d)
         kdq, vdq = kd[0, :, :TQ_T].cpu(), vd[0, :, :TQ_T].cpu()
         compare(name, "k_deq", kdq, g["k_deq"], expect="info" if k8_gpu else "exact",
                 note="decodes the fixture's non-golden key bytes" if k8_gpu else "")

@@ -50,6 +50,7 @@ from golden_common import TQ_GQA as GQA  # noqa: E402
 from golden_common import TQ_H as H  # noqa: E402
 from golden_common import TQ_PRESETS as PRESETS  # noqa: E402
 from golden_common import TQ_T as T  # noqa: E402
+from golden_common import turboquant_full_dequant  # noqa: E402
 from golden_common import turboquant_inputs as inputs  # noqa: E402
 
 
@@ -86,19 +87,7 @@ def main():
                 value_quant_bits=cfg.value_quant_bits, key_fp8=cfg.key_fp8,
             )
             bt = torch.zeros(1, 1, dtype=torch.int32)
-            kd = torch.zeros(1, H, BS, d, dtype=torch.float16)
-            vd = torch.zeros(1, H, BS, d, dtype=torch.float16)
-            mse_bytes = math.ceil(d * cfg.key_mse_bits / 8)
-            _tq_full_dequant_kv[(T, H)](
-                cache, bt, c, kd, vd,
-                kd.stride(0), kd.stride(1), kd.stride(2), vd.stride(0), vd.stride(1), vd.stride(2),
-                cache.stride(0), cache.stride(1), cache.stride(2), bt.stride(0),
-                HEAD_DIM=d, BLOCK_SIZE=BS, NUM_KV_HEADS=H, MSE_BYTES=mse_bytes,
-                KPS=cfg.key_packed_size, VQB=cfg.value_quant_bits,
-                VAL_DATA_BYTES=math.ceil(d * cfg.value_quant_bits / 8), MSE_BITS=cfg.key_mse_bits,
-                KEY_FP8=int(cfg.key_fp8), BLOCK_D=1 << (d - 1).bit_length(),
-                NORM_CORRECTION=int(cfg.norm_correction), FP8_E4B15=0,
-            )
+            kd, vd = turboquant_full_dequant(_tq_full_dequant_kv, cache, bt, c, cfg, d)
             o = triton_turboquant_decode_attention(
                 q, cache, bt, torch.tensor([T], dtype=torch.int32), Hm, c, 1.0 / math.sqrt(d),
                 mse_bits=cfg.key_mse_bits, key_packed_size=cfg.key_packed_size,
