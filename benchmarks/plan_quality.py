@@ -38,6 +38,8 @@ def main():
     ap.add_argument("profile")
     ap.add_argument("--avg-bits", default="3,4,5")
     ap.add_argument("--select", type=int, default=2, help="windows for --select-measured (0: skip)")
+    ap.add_argument("--select-seq-len", type=int, default=None,
+                    help="tokens per selection window (default: plan's, 4x the profile's within the serving length)")
     ap.add_argument("--lengths", default=None, help="validation lengths (default: the profile's and 4x it)")
     ap.add_argument("--windows", type=int, default=2)
     ap.add_argument("--uniform-top", type=int, default=5)
@@ -102,7 +104,7 @@ def main():
                 if name.startswith(f"{args.target} ") and "heuristic" not in name:
                     uniforms[name] = [(q.k_scheme, q.v_scheme) for q in layer_plans]
             if args.select and not args.plans_from:
-                plans[(b, "selected")] = select_measured(priced, args.profile, budget, args.select, None, log=print,
+                plans[(b, "selected")] = select_measured(priced, args.profile, budget, args.select, args.select_seq_len, log=print,
                                                          loaded=loaded)
             continue
         if args.unpriced:
@@ -113,7 +115,7 @@ def main():
             solution = solve(problem_from_table(table, meta["layers"], "kl"), get_target("sensprof"), budget)
             plans[(b, "unpriced")] = build_plan(profile, solution, "sensprof", "kl", budget, pricing, table)
         if args.select and not args.plans_from:
-            chosen = select_measured(priced, args.profile, budget, args.select, None, log=print, loaded=loaded)
+            chosen = select_measured(priced, args.profile, budget, args.select, args.select_seq_len, log=print, loaded=loaded)
             plans[(b, "selected")] = chosen
         table, _ = priced_table(profile, "sensprof", get_target("sensprof"), None)
         problem = problem_from_table(table, meta["layers"], "kl")

@@ -31,11 +31,11 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
             tokenizer=None, text=None, seq_len=256, windows=2, seed=0, layers=None, out_dir=None, device="auto",
             dtype=None, device_map=None, trust_remote_code=False, variants_per_pass=1, kl="exact", screen=False,
             naive=False, progress=True, quiet_loading=False, ray=None, ray_workers=None, ray_gpus_per_worker=None,
-            reads=None):
+            reads=None, menus=None):
     """Profile a model (an id/path/alias, or a loaded transformers model with its tokenizer).
 
-    `schemes` go to both K and V; `k_schemes` / `v_schemes` to one (default: the per-tensor default menus, or
-    what `target` can use). `seq_len` may be a list (e.g. "256,1024"): each length is profiled, the longest into
+    `schemes` go to both K and V; `k_schemes` / `v_schemes` to one (default: the per-tensor menus named by `menus`,
+    "default" or "long" (sensprof.schemes.MENUS), or what `target` can use). `seq_len` may be a list (e.g. "256,1024"): each length is profiled, the longest into
     `out_dir`, the others into `out_dir`/lengths/<L>. `layers`: a list or a spec such as "0-11". `ray`: True (a
     Ray cluster on this machine, or the one already initialized) or a Ray address ("auto", "host:6379",
     "ray://host:10001") fans the cells out over `ray_workers` workers (default one per GPU, else per CPU), each
@@ -59,7 +59,7 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
                                 f"or leave {flag} out for the default menu")
     if isinstance(layers, str) and not layers.replace(",", "").strip():
         raise SensprofError("--layers is empty; pass layers such as 0-11 or 0,5,7-9, or leave --layers out for all")
-    profile_menu(schemes, target, vllm_gpu, None, k_schemes, v_schemes)  # a bad menu fails before loading
+    profile_menu(schemes, target, vllm_gpu, None, k_schemes, v_schemes, menus=menus)  # a bad menu fails before loading
     check_modes(kl, screen, replay=not naive, naive=naive)
     from .planning.pricing import profile_reads
 
@@ -94,8 +94,9 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
             shape = cluster.shape
         layers = parse_layers(layers, shape["layers"]) if layers is None or isinstance(layers, str) else layers
         menu = profile_menu(schemes, target, vllm_gpu, set(shape["head_dims"]), k_schemes, v_schemes,
-                            llamacpp_channel_order(shape.get("model_class")))
+                            llamacpp_channel_order(shape.get("model_class")), menus)
         parse_seq_lens(seq_len, shape["max_positions"])
+        _check_sinks_outgrown(menus, shape.get("sliding_windows") or [], lengths[-1])
         result = None
         for n in lengths:  # the shorter ones first (cheap), the longest last: it is the profile the planner reads
             out = (out_dir if n == lengths[-1] else length_dir(out_dir, n)) if out_dir else None
@@ -120,7 +121,7 @@ def _stderr_line(msg: str) -> None:
 
 def _profiled_model(model, tokenizer, device, dtype, device_map, trust_remote_code, quiet_loading):
     """(model, tokenizer, model id, shape) of the model to profile in this process: loaded, or as passed."""
-    from .models import describe_layers, load_model, max_positions
+    from .models import load_model, model_shape
 
     if isinstance(model, str):
         model_id = model
@@ -134,10 +135,18 @@ def _profiled_model(model, tokenizer, device, dtype, device_map, trust_remote_co
 
         model_id = getattr(model.config, "_name_or_path", type(model).__name__)
         register()
-    infos = describe_layers(model)
-    shape = {"layers": len(infos), "head_dims": sorted({i.head_dim for i in infos}),
-             "max_positions": max_positions(model), "model_class": type(model).__name__}
-    return model, tokenizer, model_id, shape
+    return model, tokenizer, model_id, model_shape(model)
+
+
+def _check_sinks_outgrown(menus: str | None, windows: list[int], seq_len: int) -> None:
+    """--menus long holds only schemes with sink tokens; a sliding-window layer the profile never outgrows is priced
+    for longer contexts by the same layouts without sinks (sensprof.planning.pricing.sinkless_pricing), which that
+    menu lacks: refused before minutes of profiling."""
+    if menus == "long" and windows and max(windows) >= seq_len:
+        w = max(windows)
+        raise SensprofError(f"--menus long keeps sink tokens that a sliding-window layer of {w} tokens loses at "
+                            f"longer contexts, and a {seq_len}-token profile cannot see it: pass --seq-len above {w} "
+                            f"(e.g. {max(2 * w, 1024)}), or leave --menus out")
 
 
 def _profile_here(model, tokenizer, text, seq_len, windows, seed, menu, layers, out, model_id, variants_per_pass,

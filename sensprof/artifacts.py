@@ -338,8 +338,10 @@ class Plan:
             lines.append(serving)
         chosen = self.solver.select
         if chosen:
-            won = (f"the uniform configuration {chosen['chosen'].removeprefix('uniform ')} measured lower KL than every "
-                   "plan, so the plan is that configuration" if chosen["uniform_won"] else f"{chosen['chosen']} won")
+            within = not (chosen.get("lead") or {"beyond_noise": True})["beyond_noise"]
+            won = (f"the uniform configuration {chosen['chosen'].removeprefix('uniform ')} measured "
+                   + ("within one standard error of the best plan" if within else "lower KL than every plan")
+                   + ", so the plan is that configuration" if chosen["uniform_won"] else f"{chosen['chosen']} won")
             lines.append(f"chosen by measured KL on {chosen['windows']} x {chosen['seq_len']} unseen tokens"
                          + (f" of {chosen['text']}" if chosen.get("text") else "") + " among "
                          f"{len(chosen['candidates'])} candidates: {won}"

@@ -26,7 +26,8 @@ def cmd_profile(args) -> int:
                        windows=args.windows, seed=args.seed, layers=args.layers, out_dir=out,
                        variants_per_pass=args.variants_per_pass, kl=args.kl, screen=args.screen, naive=args.naive,
                        progress=not args.quiet, quiet_loading=args.quiet, ray=args.ray, ray_workers=args.ray_workers,
-                       ray_gpus_per_worker=args.ray_gpus_per_worker, reads=args.reads)
+                       ray_gpus_per_worker=args.ray_gpus_per_worker, reads=args.reads,
+                       menus=args.menus)
     if not args.quiet:
         from .summary import summarize
 

@@ -361,6 +361,15 @@ def describe_layers(model) -> list[LayerInfo]:
     return infos
 
 
+def model_shape(model) -> dict:
+    """What a profile run must know of a model before it measures anything: its layers, head sizes, positions,
+    class and sliding windows."""
+    infos = describe_layers(model)
+    return {"layers": len(infos), "head_dims": sorted({i.head_dim for i in infos}),
+            "max_positions": max_positions(model), "model_class": type(model).__name__,
+            "sliding_windows": sorted({i.window for i in infos if i.kind == "sliding" and i.window})}
+
+
 def max_positions(model) -> int | None:
     return getattr(text_config(model), "max_position_embeddings", None)
 

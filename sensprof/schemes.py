@@ -193,12 +193,25 @@ _register_engine_schemes()
 
 # The default menus, per tensor: keys per channel (outlier channels share a scale only along tokens) over 32-, 64-
 # and 128-token groups (64: the uniform KIVI setting that beat 5-bit plans made without it, docs/plan-quality.md),
-# values per token, 2 to 8 bits in small steps; the lowest-bit keys also with 4 sink tokens and a 32-token residual
-# window (a short one: a profile's few hundred tokens would make a long window look cheaper than it is at length).
+# values per token, 2 to 8 bits in small steps; the lowest-bit keys also with 4 sink tokens, and 64-token key groups
+# and 64-channel value groups at every bit width also with 4 sink tokens and a 32-token residual window (a short
+# one: a profile's few hundred tokens would make a long window look cheaper than it is at length). Those are what
+# won among every uniform setting sensprof stores, at every budget, on both real models (issue 38; per-layer plans
+# made from them: docs/plan-quality.md). The plain layouts stay: a sliding-window layer that outgrows its sinks is
+# priced by them (sensprof.planning.pricing.sinkless_pricing).
 DEFAULT_K_SCHEMES = tuple(
     [f"int{b}_c{g}" for b in (2, 3, 4, 5, 6, 8) for g in (32, 64, 128)]
-    + ["fp8_e4m3_cal", "int2_c32_s4", "int3_c32_s4", "int2_c32_r32_s4", "int3_c32_r32_s4"])
-DEFAULT_V_SCHEMES = tuple([f"int{b}_t{g}" for b in (2, 3, 4, 5, 6, 8) for g in (32, 64)] + ["fp8_e4m3"])
+    + ["fp8_e4m3_cal", "int2_c32_s4", "int3_c32_s4", "int2_c32_r32_s4", "int3_c32_r32_s4"]
+    + [f"int{b}_c64_r32_s4" for b in (2, 3, 4, 5, 6, 8)])
+DEFAULT_V_SCHEMES = tuple([f"int{b}_t{g}" for b in (2, 3, 4, 5, 6, 8) for g in (32, 64)] + ["fp8_e4m3"]
+                          + [f"int{b}_t64_r32_s4" for b in (2, 3, 4, 5, 6, 8)])
+# The long-context menus (`profile --menus long`): only the layouts that won among every uniform setting sensprof
+# stores, at every budget on both real models (issue 38) - 64-token key groups and 64-channel value groups, 2 to 8
+# bits, each with 4 sink tokens and a 32-token residual window, plus 32-token key groups at 2 and 3 bits - for a
+# profile at the length it serves (1024 tokens, one window: the cost of the default profile, docs/plan-quality.md).
+LONG_K_SCHEMES = tuple([f"int{b}_c64_r32_s4" for b in (2, 3, 4, 5, 6, 8)] + ["int2_c32_r32_s4", "int3_c32_r32_s4"])
+LONG_V_SCHEMES = tuple(f"int{b}_t64_r32_s4" for b in (2, 3, 4, 5, 6, 8))
+MENUS = {"default": (DEFAULT_K_SCHEMES, DEFAULT_V_SCHEMES), "long": (LONG_K_SCHEMES, LONG_V_SCHEMES)}
 # The old small menu, profiled on K and V alike; kept for `--schemes legacy`-style comparisons in benchmarks.
 DEFAULT_SCHEMES = (
     "fp8_e4m3",
@@ -278,17 +291,19 @@ class Menu:
         return list({s.name: s for s in (*self.k, *self.v)}.values())
 
 
-def parse_menu(schemes=None, k_schemes=None, v_schemes=None) -> Menu:
-    """--schemes (both tensors), --k-schemes and --v-schemes; a missing tensor gets its default menu.
+def parse_menu(schemes=None, k_schemes=None, v_schemes=None, menus: str = "default") -> Menu:
+    """--schemes (both tensors), --k-schemes and --v-schemes; a missing tensor gets the named menus' list (--menus).
 
     Refuses a key list entry that is not a key layout and a value entry that is a key-only layout."""
     both = parse_schemes(schemes) if schemes else []
     k = _merge(both, parse_schemes(k_schemes) if k_schemes else [])
     v = _merge(both, parse_schemes(v_schemes) if v_schemes else [])
+    if menus not in MENUS:
+        raise SensprofError(f"unknown --menus {menus!r}: choose {' or '.join(MENUS)}")
     if not schemes and not k_schemes:
-        k = parse_schemes(DEFAULT_K_SCHEMES)
+        k = parse_schemes(MENUS[menus][0])
     if not schemes and not v_schemes:
-        v = parse_schemes(DEFAULT_V_SCHEMES)
+        v = parse_schemes(MENUS[menus][1])
     for s in (parse_schemes(k_schemes) if k_schemes else []):
         if not s.applies_to("K"):
             raise SensprofError(f"--k-schemes entry {s.name!r} is a value-only format; move it to --v-schemes")

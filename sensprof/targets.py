@@ -215,10 +215,17 @@ def engine_dtype_for(target: Target, k_scheme: str, v_scheme: str | None = None)
 
 
 def profile_menu(schemes: str | None, target: str | None, vllm_gpu: str | None, head_dims=None,
-                 k_schemes: str | None = None, v_schemes: str | None = None, channel_order: str = "halves"):
+                 k_schemes: str | None = None, v_schemes: str | None = None, channel_order: str = "halves",
+                 menus: str | None = None):
     """The profile's menu: --schemes (both tensors), --k-schemes, --v-schemes, and what --target needs (both
-    tensors, each scheme where it applies); the default K and V menus where none of these name a tensor's."""
+    tensors, each scheme where it applies); the named K and V menus (--menus, default "default") where none of these
+    name a tensor's."""
     from .schemes import parse_menu
+
+    if menus is not None and target is not None and target != "sensprof":
+        raise SensprofError(f"--menus chooses sensprof's own menus; target {target} profiles its engine's types: drop "
+                            "--menus or --target")
+    menus = menus or "default"
 
     both = [schemes] if schemes else []
     if target is not None and target != "sensprof":
@@ -228,9 +235,9 @@ def profile_menu(schemes: str | None, target: str | None, vllm_gpu: str | None, 
     if target == "vllm" and not schemes:  # the values a per-layer plan may keep in the plugin's own formats
         extra = pair_profile_values(check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU), head_dims)
         v_schemes = ",".join(dict.fromkeys(filter(None, [*(v_schemes or "").split(","), *extra]))) or None
-    menu = parse_menu(",".join(both) or None, k_schemes, v_schemes)
+    menu = parse_menu(",".join(both) or None, k_schemes, v_schemes, menus)
     if target == "sensprof" and (schemes or k_schemes or v_schemes):
-        default = parse_menu()
+        default = parse_menu(menus=menus)
         menu = type(menu)(tuple({s.name: s for s in (*default.k, *menu.k)}.values()),
                           tuple({s.name: s for s in (*default.v, *menu.v)}.values()))
     return menu

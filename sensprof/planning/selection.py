@@ -10,8 +10,10 @@ for every layer (SGLang, llama.cpp) have nothing to choose between. Each is meas
 once, read as the target reads its cache, on N windows of the profile's text that the profile did not use, at a longer length than the profile's
 (default 4x it, within the serving length), drawn with their own seed; the plan records their slots, and
 `validate` leaves them out, so the windows a user judges the plan on are neither the profile's nor these. The
-candidate with the lowest measured KL is the plan; if it is a uniform configuration, the plan says so
-(`solver.select.uniform_won`) and is that configuration.
+candidate with the lowest measured KL is the plan, unless it is a plan whose lead over the best uniform configuration
+is within one standard error of the paired difference (`plan_lead`: a plan is fitted to the profile's text, a uniform
+configuration to nothing); if the choice is a uniform configuration, the plan says so (`solver.select.uniform_won`)
+and is that configuration.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ UNIFORM_CHOICES = ("all", "menus")  # --select-uniforms: every configuration sen
 UNIFORM_CANDIDATES = 3  # uniform configurations the priced profile predicts best (plus the richest one)
 SELECTABLE = ("sensprof", "vllm")  # targets whose plans can differ from a uniform setting
 DEFAULT_SELECT_WINDOWS = 2  # plan's default: a plan is never kept on its prediction alone
+LEAD_BLOCKS_PER_WINDOW = 8  # plan_lead's blocks: 128 positions each in a 1024-token window
 
 
 def default_select_windows(target: str, num_skip) -> int:
@@ -262,7 +265,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
             configs[name] = layers
     reads = plan_reads(plan)
     log(f"select: measuring {len(configs)} candidates on {ids.shape[0]} x {ids.shape[1]} unseen tokens, read {reads}")
-    measured = measure(loaded.model, ids, configs, reads=reads)
+    measured = measure(loaded.model, ids, configs, reads=reads, per_token=True)
     at_len = priced_at(profile.table, meta.get("reads", "streaming"), own, int(ids.shape[1]), meta["layers"])
     rows = []
     for name, layers in configs.items():
@@ -277,20 +280,29 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
         log(f"  {name:<40} predicted {here:.3e}  measured {measured[name]['kl']:.3e}" if math.isfinite(here) else
             f"  {name:<40} predicted (outside the profile)  measured {measured[name]['kl']:.3e}")
     best = min(rows, key=lambda r: r["measured_kl"])
+    lead = plan_lead(rows, measured)
+    if lead is not None and not lead["beyond_noise"]:
+        best = next(r for r in rows if r["name"] == lead["uniform"])
     joint, joint_windows = _joint_factors(loaded.model, ids, configs[best["name"]], best, profile, own, reads,
                                           len(bos_prefix(loaded.tokenizer)))
     record = {"windows": int(ids.shape[0]), "seq_len": int(ids.shape[1]), "seed": meta["settings"]["seed"]
               + SELECT_SEED_OFFSET, "window_slots": list(slots), "reads": reads, "candidates": rows,
               "chosen": best["name"], "uniform_won": bool(best["uniform"])}
+    if lead is not None:  # the best plan's lead over the best uniform configuration, and its noise
+        record["lead"] = lead
     if growth:  # the plan's keys alone and values alone, measured over their price at the selection's length
         record["kv_growth"] = growth
     if screened:  # what each uniform scheme alone measured: the baselines' ranking
         record["uniform_screen"] = screened
     if text is not None:  # the user's text chose the plan: which, and that validate's windows need not avoid it
         record |= {"text": text.name, "text_files": list(text.files), "text_digest": text.digest(loaded.tokenizer)}
+    if lead is not None and not lead["beyond_noise"]:
+        log(f"select: {lead['plan']} measured {lead['ratio']:.3f}x {lead['uniform']}, a lead of {lead['lead']:.2e} "
+            f"within one standard error ({lead['standard_error']:.2e} over {lead['blocks']} blocks of "
+            f"{lead['block_tokens']} positions): not evidence, so the uniform configuration is kept")
     if best["uniform"] and plan.target != "sensprof":
         chosen = uniforms[best["name"]]
-        log(f"select: {best['name']} alone measured lower KL than every plan ({best['measured_kl']:.3e} vs "
+        log(f"select: {best['name']} alone measured {_versus(best, rows)} ({best['measured_kl']:.3e} vs "
             f"{min(r['measured_kl'] for r in rows if not r['uniform']):.3e}): the plan is that dtype")
     elif best["uniform"]:
         k, v = uniforms[best["name"]]
@@ -305,7 +317,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
             plan.predicted, damage=best["predicted_kl"], budget_used=best["budget_used"],
             **predicted_summary(chosen.layers), **({"avg_bits_at_context": held_avg_bits(chosen.layers, at)}
                                                    if at else {})))
-        log(f"select: the uniform configuration {k} / {v} measured lower KL than every plan "
+        log(f"select: the uniform configuration {k} / {v} measured {_versus(best, rows)} "
             f"({best['measured_kl']:.3e} vs {min(r['measured_kl'] for r in rows if not r['uniform']):.3e}): "
             "the plan is that configuration")
     else:
@@ -321,6 +333,42 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
         log(f"select: all layers at once measured {chosen.predicted.joint_summary()} the per-layer sum; validate's "
             "prediction carries it")
     return chosen.replace(solver=dataclasses.replace(chosen.solver, select=record))
+
+
+def _versus(best: dict, rows: list[dict]) -> str:
+    """How a chosen uniform configuration compares with the plans: lower, or within the noise of the best one."""
+    return "lower KL than every plan" if best["measured_kl"] <= min(r["measured_kl"] for r in rows if not r["uniform"]) \
+        else "within one standard error of the best plan"
+
+
+def plan_lead(rows: list[dict], measured: dict) -> dict | None:
+    """The best plan's lead over the best uniform configuration on the selection's windows, and whether it exceeds
+    one standard error of that difference (the one-standard-error rule: among candidates that measure alike, keep the
+    simplest). A plan is fitted to the profile's text and a uniform configuration to nothing, so a lead within the
+    noise of a few windows is no evidence that it holds on other text. The standard error is that of the mean of
+    paired per-position differences over LEAD_BLOCKS_PER_WINDOW contiguous blocks per window (neighbouring positions
+    are correlated). None where the best candidate is a uniform one, there is none to compare, or too few blocks."""
+    plans = [r for r in rows if not r["uniform"]]
+    uniforms = [r for r in rows if r["uniform"]]
+    if not plans or not uniforms:
+        return None
+    p = min(plans, key=lambda r: r["measured_kl"])
+    u = min(uniforms, key=lambda r: r["measured_kl"])
+    if u["measured_kl"] <= p["measured_kl"]:
+        return None
+    diff = measured[p["name"]]["kl_tokens"] - measured[u["name"]]["kl_tokens"]  # [windows, positions]
+    size = diff.shape[1] // LEAD_BLOCKS_PER_WINDOW
+    if size < 1:
+        return None
+    blocks = diff[:, :size * LEAD_BLOCKS_PER_WINDOW].reshape(diff.shape[0], LEAD_BLOCKS_PER_WINDOW, size).mean(-1)
+    blocks = blocks.flatten()
+    if blocks.numel() < 2:
+        return None
+    lead = u["measured_kl"] - p["measured_kl"]  # the figures printed beside it; the blocks give its noise
+    error = float(blocks.std() / math.sqrt(blocks.numel()))
+    return {"plan": p["name"], "uniform": u["name"], "ratio": round(p["measured_kl"] / u["measured_kl"], 4),
+            "lead": lead, "standard_error": error, "blocks": int(blocks.numel()), "block_tokens": int(size),
+            "beyond_noise": bool(lead > error)}
 
 
 def _kv_growth(model, ids, plan: Plan, profile, own: int, reads: str) -> dict | None:

@@ -179,7 +179,7 @@ class Worker:
             import torch
             from transformers.utils import logging as hf_logging
 
-            from ..models import describe_layers, load_model, max_positions
+            from ..models import load_model, model_shape
 
             if self.threads:
                 torch.set_num_threads(self.threads)
@@ -187,10 +187,7 @@ class Worker:
             with contextlib.redirect_stderr(io.StringIO()):
                 o = self.options
                 self.loaded = load_model(o["model"], o["device"], o["dtype"], o["device_map"], o["trust_remote_code"])
-            infos = describe_layers(self.loaded.model)
-            return {"layers": len(infos), "head_dims": sorted({i.head_dim for i in infos}),
-                    "max_positions": max_positions(self.loaded.model),
-                    "model_class": type(self.loaded.model).__name__, "node": _node()}
+            return {**model_shape(self.loaded.model), "node": _node()}
         return _guarded(run)
 
     def prepare(self, menu, text: str, text_name: str, seq_len: int, windows: int, seed: int, layers: list[int],

@@ -395,8 +395,10 @@ def test_a_dnll_candidate_that_wins_states_its_prediction_in_kl(sel, capsys, tmp
 
     def dnll_plan_wins(model, ids, configs, *a, **k):
         out = real(model, ids, configs, *a, **k)
-        if "plan (objective dnll)" in out:
-            out["plan (objective dnll)"]["kl"] = min(m["kl"] for m in out.values() if "kl" in m) / 2
+        if "plan (objective dnll)" in out:  # half the best candidate's KL at every position: a lead beyond noise
+            best = min((m for m in out.values() if "kl" in m), key=lambda m: m["kl"])
+            out["plan (objective dnll)"] = {**out["plan (objective dnll)"], "kl": best["kl"] / 2,
+                                            "kl_tokens": best["kl_tokens"] / 2}
         return out
 
     monkeypatch.setattr(validate, "measure", dnll_plan_wins)
@@ -457,3 +459,69 @@ def test_the_k_v_split_is_learnt_again_at_the_selections_length(sel, capsys, tmp
     assert "plan (keys weighted x10000.00)" in out
     assert "select: at 128 tokens the plan's keys alone measured 10000.00x their price, its values alone 1.00x; the " \
            "plan with keys weighted so is a candidate" in out
+
+
+def _rows_and_tokens(plan_tokens, uniform_tokens):
+    measured = {"plan": {"kl": float(plan_tokens.mean()), "kl_tokens": plan_tokens},
+                "uniform a / b": {"kl": float(uniform_tokens.mean()), "kl_tokens": uniform_tokens}}
+    rows = [{"name": n, "uniform": n.startswith("uniform"), "measured_kl": m["kl"]} for n, m in measured.items()]
+    return rows, measured
+
+
+def test_a_plans_lead_counts_only_beyond_one_standard_error():
+    """plan_lead: the lead is the printed difference; its noise the standard error of the paired per-position
+    differences averaged over 8 contiguous blocks per window."""
+    from sensprof.planning.selection import LEAD_BLOCKS_PER_WINDOW, plan_lead
+
+    g = torch.Generator().manual_seed(0)
+    uniform = torch.rand(2, 64, generator=g, dtype=torch.float64) + 1.0
+    rows, measured = _rows_and_tokens(uniform * 0.9, uniform)  # 10% lower at every position: beyond noise
+    lead = plan_lead(rows, measured)
+    assert lead["plan"] == "plan" and lead["uniform"] == "uniform a / b" and lead["beyond_noise"]
+    assert lead["lead"] == pytest.approx(float(uniform.mean()) * 0.1)
+    assert lead["blocks"] == 2 * LEAD_BLOCKS_PER_WINDOW and lead["block_tokens"] == 8
+    blocks = (uniform * -0.1).reshape(2, 8, 8).mean(-1).flatten()
+    assert lead["standard_error"] == pytest.approx(float(blocks.std() / 4))
+    assert lead["ratio"] == pytest.approx(0.9, abs=1e-4)
+
+    swing = torch.tensor([0.5, -0.5], dtype=torch.float64).repeat_interleave(8).repeat(2, 4)  # +-0.5 block by block
+    rows, measured = _rows_and_tokens(uniform * 0.99 + swing, uniform)  # 1% lower on average, 50% either way
+    lead = plan_lead(rows, measured)
+    assert 0 < lead["lead"] < lead["standard_error"] and not lead["beyond_noise"]
+
+    rows, measured = _rows_and_tokens(uniform * 1.1, uniform)  # the uniform measures best: nothing to weigh
+    assert plan_lead(rows, measured) is None
+    assert plan_lead([r for r in rows if not r["uniform"]], measured) is None
+    rows, measured = _rows_and_tokens(uniform[:, :4] * 0.5, uniform[:, :4])  # fewer positions than blocks
+    assert plan_lead(rows, measured) is None
+
+
+def test_a_plan_that_leads_within_the_noise_gives_way_to_the_uniform(sel, capsys, tmp_path, monkeypatch):
+    """The one-standard-error rule in the selection: a plan that measures lowest by less than the noise of the
+    windows is not kept; the best uniform configuration is the plan, and the plan says why."""
+    import sensprof.validation.validate as validate
+
+    real = validate.measure
+
+    def plan_barely_ahead(model, ids, configs, *a, **k):
+        out = real(model, ids, configs, *a, **k)
+        if "plan" in out and "kl_tokens" in out["plan"]:
+            best = min((m for n, m in out.items() if n.startswith("uniform")), key=lambda m: m["kl"])
+            t = best["kl_tokens"]
+            swing = torch.ones_like(t)
+            swing[:, ::2] = -1.0  # position by position +-the uniform's mean KL: noise far above a 1% lead
+            tokens = t * 0.99 + swing * float(t.mean())
+            out["plan"] = {**out["plan"], "kl": best["kl"] * 0.99, "kl_tokens": tokens}
+        return out
+
+    monkeypatch.setattr(validate, "measure", plan_barely_ahead)
+    plan, out = _plan(capsys, sel.profile, tmp_path / "p.json")
+    s = plan.solver.select
+    lead = s["lead"]
+    assert lead["plan"] == "plan" and lead["ratio"] == pytest.approx(0.99, abs=1e-4) and not lead["beyond_noise"]
+    assert s["uniform_won"] and s["chosen"] == lead["uniform"]
+    k, v = lead["uniform"].removeprefix("uniform ").split(" / ")
+    assert {(p.k_scheme, p.v_scheme) for p in plan.layers} == {(k, v)}
+    assert "select: plan measured 0.990x " in out and "within one standard error" in out
+    assert f"the uniform configuration {k} / {v} measured within one standard error of the best plan" in out
+    assert "within one standard error of the best plan, so the plan is that configuration" in plan.describe()

@@ -264,3 +264,30 @@ def test_kv_absmax_is_the_calibration_the_profile_records(arch_run):
     for i, by_tensor in enumerate(mine):
         assert by_tensor == prof.calibration[str(i)]
         assert all(x > 0 for values in by_tensor.values() for x in values)
+
+
+def test_long_menus_profile_only_the_layouts_that_win_at_length(tiny_tokenizer, tmp_path, capsys):
+    """`profile --menus long`: the sink-and-residual 64-token layouts (and 32-token keys at 2-3 bits) on both
+    tensors, planned like any profile; refused where a sliding-window layer would outgrow the sinks the profile
+    measured, and beside an engine target."""
+    from conftest import one_error_line, run_cli
+
+    from sensprof import api
+    from sensprof.cli import main
+    from sensprof.schemes import LONG_K_SCHEMES, LONG_V_SCHEMES
+
+    gemma = make_tiny_model("gemma3")  # sliding window 8
+    prof = api.profile(gemma, tokenizer=tiny_tokenizer, menus="long", seq_len=128, windows=1, device="cpu",
+                       progress=False, out_dir=str(tmp_path / "p"))
+    t = prof.table
+    assert set(t[t.tensor == "K"].scheme) == set(LONG_K_SCHEMES) and set(t[t.tensor == "V"].scheme) == set(LONG_V_SCHEMES)
+    assert all(s.endswith("_r32_s4") for s in t.scheme) and len(t) == 3 * (len(LONG_K_SCHEMES) + len(LONG_V_SCHEMES))
+    assert prof.meta["settings"]["k_schemes"] == list(LONG_K_SCHEMES)
+    assert main(["plan", str(tmp_path / "p"), "--avg-bits", "5", "--select-measured", "0", "--out",
+                 str(tmp_path / "plan.json")]) == 0
+    with pytest.raises(SensprofError, match=r"sliding-window layer of 8 tokens .* pass --seq-len above 8 \(e.g. 1024\)"):
+        api.profile(gemma, tokenizer=tiny_tokenizer, menus="long", seq_len=8, windows=1, device="cpu", progress=False)
+    line = one_error_line(*run_cli(capsys, "profile", "--menus", "long", "--target", "vllm"))
+    assert "--menus chooses sensprof's own menus; target vllm profiles its engine's types" in line
+    line = one_error_line(*run_cli(capsys, "profile", "--menus", "short"))
+    assert "--menus" in line and "'long'" in line
