@@ -104,8 +104,8 @@ def main():
                 if name.startswith(f"{args.target} ") and "heuristic" not in name:
                     uniforms[name] = [(q.k_scheme, q.v_scheme) for q in layer_plans]
             if args.select and not args.plans_from:
-                plans[(b, "selected")] = select_measured(priced, args.profile, budget, args.select, args.select_seq_len, log=print,
-                                                         loaded=loaded)
+                plans[(b, "selected")] = select_measured(priced, args.profile, budget, args.select,
+                                                         args.select_seq_len, log=print, loaded=loaded)
             continue
         if args.unpriced:
             from sensprof.planning.plan import build_plan
@@ -115,7 +115,8 @@ def main():
             solution = solve(problem_from_table(table, meta["layers"], "kl"), get_target("sensprof"), budget)
             plans[(b, "unpriced")] = build_plan(profile, solution, "sensprof", "kl", budget, pricing, table)
         if args.select and not args.plans_from:
-            chosen = select_measured(priced, args.profile, budget, args.select, args.select_seq_len, log=print, loaded=loaded)
+            chosen = select_measured(priced, args.profile, budget, args.select, args.select_seq_len, log=print,
+                                     loaded=loaded)
             plans[(b, "selected")] = chosen
         table, _ = priced_table(profile, "sensprof", get_target("sensprof"), None)
         problem = problem_from_table(table, meta["layers"], "kl")

@@ -35,8 +35,8 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
     """Profile a model (an id/path/alias, or a loaded transformers model with its tokenizer).
 
     `schemes` go to both K and V; `k_schemes` / `v_schemes` to one (default: the per-tensor menus named by `menus`,
-    "default" or "long" (sensprof.schemes.MENUS), or what `target` can use). `seq_len` may be a list (e.g. "256,1024"): each length is profiled, the longest into
-    `out_dir`, the others into `out_dir`/lengths/<L>. `layers`: a list or a spec such as "0-11". `ray`: True (a
+    "default" or "long" (sensprof.schemes.MENUS), or what `target` can use). `seq_len` may be a list (e.g.
+    "256,1024"): each length is profiled, the longest into `out_dir`, the others into `out_dir`/lengths/<L>. `layers`: a list or a spec such as "0-11". `ray`: True (a
     Ray cluster on this machine, or the one already initialized) or a Ray address ("auto", "host:6379",
     "ray://host:10001") fans the cells out over `ray_workers` workers (default one per GPU, else per CPU), each
     loading the model on `ray_gpus_per_worker` GPUs (default 1; more with `device_map="auto"`). `reads`: how the

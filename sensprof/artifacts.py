@@ -187,6 +187,13 @@ class ProfileRef:
                 "out; keep the profile beside the plan, or re-plan")
 
 
+def uniform_verdict(lead: dict | None) -> str:
+    """How a uniform configuration the selection chose stands against the plans (`solver.select.lead`: the best
+    plan's lead over it, recorded where a plan measured lower)."""
+    return ("within one standard error of the best plan" if lead is not None and not lead["beyond_noise"]
+            else "lower KL than every plan")
+
+
 @dataclass(frozen=True)
 class Plan:
     model_id: str
@@ -338,10 +345,9 @@ class Plan:
             lines.append(serving)
         chosen = self.solver.select
         if chosen:
-            within = not (chosen.get("lead") or {"beyond_noise": True})["beyond_noise"]
             won = (f"the uniform configuration {chosen['chosen'].removeprefix('uniform ')} measured "
-                   + ("within one standard error of the best plan" if within else "lower KL than every plan")
-                   + ", so the plan is that configuration" if chosen["uniform_won"] else f"{chosen['chosen']} won")
+                   f"{uniform_verdict(chosen.get('lead'))}, so the plan is that configuration" if chosen["uniform_won"]
+                   else f"{chosen['chosen']} won")
             lines.append(f"chosen by measured KL on {chosen['windows']} x {chosen['seq_len']} unseen tokens"
                          + (f" of {chosen['text']}" if chosen.get("text") else "") + " among "
                          f"{len(chosen['candidates'])} candidates: {won}"

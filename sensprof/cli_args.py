@@ -68,7 +68,7 @@ def _add_text_args(p, seq_len=256, windows=2, lengths=False,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .schemes import DEFAULT_K_SCHEMES, DEFAULT_V_SCHEMES
+    from .schemes import DEFAULT_K_SCHEMES, DEFAULT_V_SCHEMES, LONG_K_SCHEMES, LONG_V_SCHEMES, MENUS
 
     parser = Parser(prog="sensprof", description="Per-layer Key/Value cache quantization sensitivity for causal LMs.")
     sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
@@ -83,11 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="key menu (default: " + ",".join(DEFAULT_K_SCHEMES) + ")")
     p.add_argument("--v-schemes", default=None,
                    help="value menu (default: " + ",".join(DEFAULT_V_SCHEMES) + ")")
-    p.add_argument("--menus", default=None, choices=("default", "long"),
-                   help="the K and V menus where --k-schemes / --v-schemes do not name them: default (above) or long: "
-                        "int{2,3,4,5,6,8}_c64_r32_s4 and int{2,3}_c32_r32_s4 keys, int{2,3,4,5,6,8}_t64_r32_s4 values, "
+    p.add_argument("--menus", default=None, choices=tuple(MENUS),
+                   help="the K and V menus where --k-schemes / --v-schemes do not name them: default (above) or long, "
                         "the layouts that win at length, for a profile at the length it serves (with --seq-len 1024 "
-                        "--windows 1: the default profile's cost; docs/plan-quality.md)")
+                        "--windows 1: the default profile's cost; docs/plan-quality.md): keys "
+                        + ",".join(LONG_K_SCHEMES) + "; values " + ",".join(LONG_V_SCHEMES))
     p.add_argument("--kl", default="exact",
                    help="exact (default: LM head and KL in vocabulary chunks) | sampled[:K] (opt-in approximation: "
                         "the top K tokens plus K tail samples per position; K=256) | materialized (full logits)")
@@ -156,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "kl and dnll, --robust) and the strongest uniform configurations of no more memory (vllm: "
                          "each dtype alone) by measured KL on N windows of the profile's text that neither the "
                          "profile nor validate uses; if a uniform configuration wins, or a plan leads it by less than "
-                         "one standard error, the plan is that configuration and says so (loads the model; default 2, 0 with --num-skip; 0: by predicted damage alone)")
+                         "one standard error, the plan is that configuration and says so (loads the model; default "
+                         "2, 0 with --num-skip; 0: by predicted damage alone)")
     pl.add_argument("--select-seq-len", type=int, default=None, metavar="T",
                     help="with --select-measured: tokens per window (default 4x the profile's, within --context-len)")
     pl.add_argument("--select-uniforms", choices=("all", "menus"), default="all",

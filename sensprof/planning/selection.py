@@ -24,7 +24,7 @@ import os
 
 from ..errors import SensprofError
 from ..files import check_recorded_files
-from ..artifacts import Plan
+from ..artifacts import Plan, uniform_verdict
 from ..schemes import get_scheme
 
 SELECT_SEED_OFFSET = 2  # the profile's windows use its seed, validate's seed + 1, these seed + 2
@@ -302,7 +302,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
             f"{lead['block_tokens']} positions): not evidence, so the uniform configuration is kept")
     if best["uniform"] and plan.target != "sensprof":
         chosen = uniforms[best["name"]]
-        log(f"select: {best['name']} alone measured {_versus(best, rows)} ({best['measured_kl']:.3e} vs "
+        log(f"select: {best['name']} alone measured {uniform_verdict(lead)} ({best['measured_kl']:.3e} vs "
             f"{min(r['measured_kl'] for r in rows if not r['uniform']):.3e}): the plan is that dtype")
     elif best["uniform"]:
         k, v = uniforms[best["name"]]
@@ -317,7 +317,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
             plan.predicted, damage=best["predicted_kl"], budget_used=best["budget_used"],
             **predicted_summary(chosen.layers), **({"avg_bits_at_context": held_avg_bits(chosen.layers, at)}
                                                    if at else {})))
-        log(f"select: the uniform configuration {k} / {v} measured {_versus(best, rows)} "
+        log(f"select: the uniform configuration {k} / {v} measured {uniform_verdict(lead)} "
             f"({best['measured_kl']:.3e} vs {min(r['measured_kl'] for r in rows if not r['uniform']):.3e}): "
             "the plan is that configuration")
     else:
@@ -333,12 +333,6 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
         log(f"select: all layers at once measured {chosen.predicted.joint_summary()} the per-layer sum; validate's "
             "prediction carries it")
     return chosen.replace(solver=dataclasses.replace(chosen.solver, select=record))
-
-
-def _versus(best: dict, rows: list[dict]) -> str:
-    """How a chosen uniform configuration compares with the plans: lower, or within the noise of the best one."""
-    return "lower KL than every plan" if best["measured_kl"] <= min(r["measured_kl"] for r in rows if not r["uniform"]) \
-        else "within one standard error of the best plan"
 
 
 def plan_lead(rows: list[dict], measured: dict) -> dict | None:

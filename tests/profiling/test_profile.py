@@ -280,12 +280,14 @@ def test_long_menus_profile_only_the_layouts_that_win_at_length(tiny_tokenizer, 
     prof = api.profile(gemma, tokenizer=tiny_tokenizer, menus="long", seq_len=128, windows=1, device="cpu",
                        progress=False, out_dir=str(tmp_path / "p"))
     t = prof.table
-    assert set(t[t.tensor == "K"].scheme) == set(LONG_K_SCHEMES) and set(t[t.tensor == "V"].scheme) == set(LONG_V_SCHEMES)
+    assert set(t[t.tensor == "K"].scheme) == set(LONG_K_SCHEMES)
+    assert set(t[t.tensor == "V"].scheme) == set(LONG_V_SCHEMES)
     assert all(s.endswith("_r32_s4") for s in t.scheme) and len(t) == 3 * (len(LONG_K_SCHEMES) + len(LONG_V_SCHEMES))
     assert prof.meta["settings"]["k_schemes"] == list(LONG_K_SCHEMES)
     assert main(["plan", str(tmp_path / "p"), "--avg-bits", "5", "--select-measured", "0", "--out",
                  str(tmp_path / "plan.json")]) == 0
-    with pytest.raises(SensprofError, match=r"sliding-window layer of 8 tokens .* pass --seq-len above 8 \(e.g. 1024\)"):
+    outgrown = r"sliding-window layer of 8 tokens .* pass --seq-len above 8 \(e.g. 1024\)"
+    with pytest.raises(SensprofError, match=outgrown):
         api.profile(gemma, tokenizer=tiny_tokenizer, menus="long", seq_len=8, windows=1, device="cpu", progress=False)
     line = one_error_line(*run_cli(capsys, "profile", "--menus", "long", "--target", "vllm"))
     assert "--menus chooses sensprof's own menus; target vllm profiles its engine's types" in line
