@@ -8,12 +8,12 @@ For each plan (made with `sensprof plan ... --target vllm --vllm-gpu cpu --per-l
 hand-made plan cycling vLLM's own auto / fp8_e4m3 / fp8_e5m2 over the same model's layers), vLLM's CPU backend
 (tools/engines/install.sh) serves a float32 checkpoint of the plan's model:
   roomy:    5 prompts (40, 7, 150, 60, 60 tokens of the built-in corpus), each alone and all in one call;
-  pressure: the two 60-token prompts again in an engine of five 32-token blocks per KV-cache group (vLLM keeps one
-            block of the pool back, so four per group hold one request of the 128-token maximum; each group of a
-            sliding-window model takes its own blocks: six groups on Gemma 3 270M) with 32-token prefill chunks, so
-            every prefill is chunked and, together, the scheduler admits both and preempts one when the blocks run
-            out (whether it does depends on the order it grows them in: the preemption count is reported). Fewer
-            blocks do not force it: at four per group vLLM admits the second request only after the first ends.
+  pressure: the four prompts that fit its 128 tokens (40, 7, 60, 60) again, with 32-token blocks and prefill
+            chunks (every prompt longer than a chunk is prefilled in pieces), in the smallest pool vLLM starts with
+            (pressure_blocks: one request of 128 tokens), which the four together outgrow, so the scheduler preempts
+            (counted, and required). Two requests in five blocks per group, the check before, forced it only where
+            every group takes 32-token blocks: on Gemma 3 270M's hand-made plan vLLM gives the fp8 layers' groups
+            128-token blocks (their pages are a quarter of the float32 auto layers') and nothing was preempted.
 Verdicts: tokens equal everywhere; each prompt's log-probabilities alone in the pressed engine (chunked prefill,
 small pages) equal the roomy engine's within 1e-4. Together, log-probabilities move by vLLM's batch variance (float32
 matmuls of other shapes), which the roomy engine's own together-vs-alone difference measures: reported, not gated.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -33,8 +34,9 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 JOB = os.path.join(ROOT, "plugins", "vllm", "tests", "engine_job.py")
 PROMPT_LENGTHS = (40, 7, 150, 60, 60)
-PRESSURE = {"block_size": 32, "num_gpu_blocks_override": 5, "max_num_batched_tokens": 32,
-            "enable_chunked_prefill": True, "max_model_len": 128}
+PRESSURE = {"block_size": 32, "max_num_batched_tokens": 32, "enable_chunked_prefill": True, "max_model_len": 128}
+MAX_TOKENS = 8
+PRESSED = tuple(i for i, n in enumerate(PROMPT_LENGTHS) if n + MAX_TOKENS <= PRESSURE["max_model_len"])
 MIXED_CYCLE = ("auto", "fp8_e4m3", "fp8_e5m2")
 
 
@@ -50,8 +52,20 @@ def prompts(tokenizer) -> list[list[int]]:
     return out
 
 
-def check(name: str, layers: list[str], roomy: dict, pressed: dict) -> dict:
-    """What the tiny-model tests assert, as a verdict per item."""
+def pressure_blocks(groups: list[tuple[int, int | None]]) -> int:
+    """num_gpu_blocks_override for the pressed engine: the fewest blocks vLLM starts with, for `groups` = [(block size,
+    sliding window or None)] of its KV-cache groups. Its start-up check wants one request of max_model_len tokens:
+    a block id in every group, ceil(max_model_len / block) of them in a full-attention group, one more in a
+    sliding-window group (ceil(min(window - 1 + the prefill chunk, max_model_len) / block) + 1), and one block more
+    that vLLM keeps back. Four requests together outgrow that (measured: five blocks fewer on Gemma 3 270M's hand-made
+    plan preempted nothing)."""
+    n, chunk = PRESSURE["max_model_len"], PRESSURE["max_num_batched_tokens"]
+    return 1 + sum(math.ceil(n / b) if w is None else math.ceil(min(w - 1 + chunk, n) / b) + 1 for b, w in groups)
+
+
+def check(name: str, layers: list[str], priced: float, roomy: dict, pressed: dict) -> dict:
+    """What the tiny-model tests assert, as a verdict per item; `priced`: the KV bytes per token the export's
+    arithmetic (budget.vllm_cpu_pool) gives the plan at the engine's float32."""
     errors = [f"{k}: {r['error']}" for k, r in (("roomy", roomy), ("pressure", pressed)) if "error" in r]
     if errors:
         return {"plan": name, "ok": False, "errors": errors}
@@ -62,20 +76,23 @@ def check(name: str, layers: list[str], roomy: dict, pressed: dict) -> dict:
     def most(xs, ys):
         return max(abs(a - b) for x, y in zip(xs, ys) for a, b in zip(x, y))
 
-    alone = most(pressed["alone_logprobs"], roomy["alone_logprobs"][3:])
+    want, want_logprobs = [roomy["alone"][i] for i in PRESSED], [roomy["alone_logprobs"][i] for i in PRESSED]
+    alone = most(pressed["alone_logprobs"], want_logprobs)
     verdict = {
         "plan": name, "layers_as_planned": served == layers,
         "backends": sorted({l["backend"] for l in roomy["layers"]}),
-        "bytes_per_token": roomy["kv"]["bytes_per_token"],
+        "bytes_per_token": roomy["kv"]["bytes_per_token"], "priced_bytes_per_token": priced,
+        "bytes_as_priced": roomy["kv"]["bytes_per_token"] == priced == pressed["kv"]["bytes_per_token"],
         "batched_equals_alone": roomy["alone"] == roomy["together"],
         "preemptions": pressed["preemptions"],
-        "pressure_tokens_equal_roomy": pressed["alone"] == pressed["together"] == roomy["alone"][3:],
+        "pressure_blocks": pressed["kv"]["num_blocks"],
+        "pressure_tokens_equal_roomy": pressed["alone"] == pressed["together"] == want,
         "pressure_alone_logprob_diff": alone,
-        "pressure_together_logprob_diff": most(pressed["together_logprobs"], roomy["alone_logprobs"][3:]),
+        "pressure_together_logprob_diff": most(pressed["together_logprobs"], want_logprobs),
         "roomy_batch_logprob_diff": most(roomy["together_logprobs"], roomy["alone_logprobs"]),
         "start_s": [roomy.get("start_s"), pressed.get("start_s")],
     }
-    verdict["ok"] = (verdict["layers_as_planned"] and verdict["batched_equals_alone"]
+    verdict["ok"] = (verdict["layers_as_planned"] and verdict["bytes_as_priced"] and verdict["batched_equals_alone"]
                      and verdict["preemptions"] >= 1 and verdict["pressure_tokens_equal_roomy"] and alone < 1e-4)
     return verdict
 
@@ -98,13 +115,10 @@ def run_job(python: str, configs: list[dict], work: str, tag: str) -> list[dict]
     return results
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("plans", nargs="+")
-    ap.add_argument("--mixed", action="store_true", help="also a hand-made auto / fp8_e4m3 / fp8_e5m2 plan per model")
-    ap.add_argument("--out", default=None, help="JSON of every engine report and verdict")
-    args = ap.parse_args()
-
+def serve_under_pressure(plan_paths: list[str], mixed: bool = False, log=print) -> dict:
+    """Each plan (and with `mixed` a hand-made auto / fp8_e4m3 / fp8_e5m2 plan of its model) in a roomy and a pressed
+    engine: {"verdicts": [check()'s, with the plan's `layers` and its float32 `priced_bytes_per_token`], "plans":
+    every engine's report, "seconds": the engines' time}."""
     import torch
 
     from sensprof.artifacts import load_plan
@@ -112,45 +126,64 @@ def main() -> None:
     from sensprof.export.checkpoint import write_checkpoint
     from sensprof.export.vllm import PLUGIN_KEY, plugin_plan
     from sensprof.models import load_for_plan
+    from sensprof.planning.budget import vllm_cpu_pool
 
     torch.set_grad_enabled(False)
     python = find_engine_python("vllm").python
     report = {"plans": [], "verdicts": []}
     with tempfile.TemporaryDirectory(prefix="sensprof-pressure-") as work:
-        roomy, named = [], []
-        for i, path in enumerate(args.plans):
+        roomy, named, windows_of = [], [], []  # per engine: {vLLM's layer name: sliding window}
+        for i, path in enumerate(plan_paths):
             plan = load_plan(path)
             loaded = load_for_plan(plan, device="cpu", dtype="float32", quiet=True)
             ckpt = os.path.join(work, f"model{i}")
             write_checkpoint(plan, loaded.model, loaded.tokenizer, ckpt, dtype=torch.float32, scales=False)
             served = plugin_plan(plan)
             variants = [(os.path.basename(path), served)]
-            if args.mixed:
-                mixed = dict(served, layers=[MIXED_CYCLE[j % 3] for j in range(len(plan.layers))])
-                variants.append((f"{plan.model_id} hand-made auto/fp8_e4m3/fp8_e5m2", mixed))
+            if mixed:
+                hand = dict(served, layers=[MIXED_CYCLE[j % 3] for j in range(len(plan.layers))])
+                variants.append((f"{plan.model_id} hand-made auto/fp8_e4m3/fp8_e5m2", hand))
             ids = prompts(loaded.tokenizer)
+            shape = [(p.kv_heads, p.head_dim, p.window if p.kind == "sliding" else None) for p in plan.layers]
+            window = {f"model.layers.{q.layer}.self_attn.attn": q.window for q in plan.layers if q.kind == "sliding"}
             for name, p in variants:
+                windows_of.append(window)
                 roomy.append({"name": f"{name} roomy", "model": ckpt, "out": os.path.join(work, f"r{len(roomy)}.json"),
-                              "additional_config": {PLUGIN_KEY: p}, "prompts": ids, "max_tokens": 8})
-                named.append((name, p["layers"]))
+                              "additional_config": {PLUGIN_KEY: p}, "prompts": ids, "max_tokens": MAX_TOKENS})
+                # what the export's arithmetic says vLLM allocates per token, at the float32 the engine serves
+                pool = vllm_cpu_pool([(d, *s) for d, s in zip(p["layers"], shape)], itemsize=4)
+                named.append((name, p["layers"], pool.bytes_per_token))
             del loaded
         t0 = time.time()
         roomy_results = run_job(python, roomy, work, "roomy")
         pressed = []
-        for j, (c, r) in enumerate(zip(roomy, roomy_results)):  # five blocks per KV-cache group the roomy engine formed
-            groups = len(r.get("kv", {}).get("group_layers") or [0])
-            args_ = dict(PRESSURE, num_gpu_blocks_override=PRESSURE["num_gpu_blocks_override"] * groups)
+        for j, (c, r) in enumerate(zip(roomy, roomy_results)):  # a pool from the groups the roomy engine formed
+            kv = r.get("kv") or {"group_block_sizes": [PRESSURE["block_size"]], "group_layers": [[]]}
+            # vLLM scales a group's block by how much smaller its page is than the largest: the same ratios at 32
+            sizes = [b * PRESSURE["block_size"] // min(kv["group_block_sizes"]) for b in kv["group_block_sizes"]]
+            windows = [windows_of[j].get(names[0]) if names else None for names in kv["group_layers"]]
             pressed.append(dict(c, name=c["name"].replace(" roomy", " pressure"), out=os.path.join(work, f"p{j}.json"),
-                                prompts=c["prompts"][3:], llm_args=args_))
+                                prompts=[c["prompts"][i] for i in PRESSED],
+                                llm_args=dict(PRESSURE, num_gpu_blocks_override=pressure_blocks(list(zip(sizes, windows))))))
         pressed_results = run_job(python, pressed, work, "pressure")
         configs, results = roomy + pressed, roomy_results + pressed_results
-        for j, (name, layers) in enumerate(named):
-            v = check(name, layers, roomy_results[j], pressed_results[j])
+        for j, (name, layers, priced) in enumerate(named):
+            v = check(name, layers, priced, roomy_results[j], pressed_results[j]) | {"layers": layers}
             report["verdicts"].append(v)
-            print(json.dumps(v), flush=True)
+            log(json.dumps({k: x for k, x in v.items() if k != "layers"}))
         report["plans"] = [{"config": {k: c[k] for k in ("name", "prompts", "max_tokens") if k in c},
                             "result": r} for c, r in zip(configs, results)]
         report["seconds"] = time.time() - t0
+    return report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("plans", nargs="+")
+    ap.add_argument("--mixed", action="store_true", help="also a hand-made auto / fp8_e4m3 / fp8_e5m2 plan per model")
+    ap.add_argument("--out", default=None, help="JSON of every engine report and verdict")
+    args = ap.parse_args()
+    report = serve_under_pressure(args.plans, args.mixed)
     print(f"{sum(v['ok'] for v in report['verdicts'])}/{len(report['verdicts'])} plans served as planned, "
           f"batch- and pressure-invariant, in {report['seconds']:.0f} s")
     if args.out:

