@@ -179,7 +179,8 @@ def main():
             pred = summed_damage(at, pairs, "kl")
             joint = p.predicted.joint_factor_at(n)  # what validate predicts: the selection's joint factor
             sel = p.solver.select or {}
-            rows.append({"model": meta["model"]["id"], "seq_len": n, "budget": b, "plan": kind, "avg_bits": mine,
+            rows.append({"model": meta["model"]["id"], "seq_len": n, "windows": int(ids.shape[0]), "budget": b,
+                         "plan": kind, "avg_bits": mine,
                          "measured_kl": kl, "predicted_kl": pred * (joint or 1.0),
                          "measured_over_predicted": kl / (pred * (joint or 1.0)),
                          "predicted_sum_kl": pred, "joint_factor": joint,
@@ -190,7 +191,8 @@ def main():
                          "chosen": sel.get("chosen", ""), "uniform_won": sel.get("uniform_won", "")})
         for name in uni.sort_values("avg_bits").config:
             r = uni[uni.config == name].iloc[0]
-            rows.append({"model": meta["model"]["id"], "seq_len": n, "budget": None, "plan": name,
+            rows.append({"model": meta["model"]["id"], "seq_len": n, "windows": int(ids.shape[0]), "budget": None,
+                         "plan": name,
                          "avg_bits": r.avg_bits, "measured_kl": r.kl,
                          "predicted_kl": summed_damage(at, per_layer(uniforms[name]), "kl")})
     df = pd.DataFrame(rows).assign(reads=reads)
@@ -199,7 +201,7 @@ def main():
     pd.set_option("display.max_colwidth", 40)
     for n, g in df.groupby("seq_len"):
         print(f"\n== {n} tokens ==")
-        print(g.drop(columns=["model", "seq_len"]).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+        print(g.drop(columns=["model", "seq_len", "windows"]).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     out = args.out or os.path.join(args.profile, "plan_quality.csv")
     df.to_csv(out, index=False)
     print(f"\nwrote {out} ({time.time() - t0:.0f} s)")

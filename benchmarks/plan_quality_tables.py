@@ -44,7 +44,10 @@ else:
         for n, g in df.groupby("seq_len"):
             plans = g[g.budget.notna()]
             reads = g.reads.iloc[0] if "reads" in g else "streaming"  # CSVs before the column: the sensprof target's
-            print(f"\n**{g.model.iloc[0]}, {n} tokens** (2 unseen windows, read {reads})\n")
+            # CSVs before the column: their windows are written beside them (results READMEs), not here
+            w = int(g.windows.iloc[0]) if "windows" in g else None
+            seen = "unseen windows" if w is None else f"{w} unseen window{'s' if w > 1 else ''}"
+            print(f"\n**{g.model.iloc[0]}, {n} tokens** ({seen}, read {reads})\n")
             print("| budget | plan | bits | measured KL | predicted KL | meas/pred | best uniform ≤ memory (bits) | its KL | plan / uniform | selection chose |")
             print("|---|---|---|---|---|---|---|---|---|---|")
             for r in plans.itertuples():
