@@ -9,10 +9,10 @@ does not hold?
 
 PLANS_DIR holds selected-<b>bits.json (benchmarks/plan_quality.py --plans-out); --uniforms gives one K/V pair per
 budget, in the order of --bits. Each kind gets --windows windows of --seq-len tokens (seed 12345), every
-configuration measured with all layers quantized at once, read as the plan reads. The lead in standard errors is
-selection.plan_lead's: the paired per-position KL difference over 8 contiguous blocks a window. The kinds' windows
-are drawn from all of each kind's passages, so they may hold passages of the profile's own windows (the mixture
-holds a third of each kind's passages).
+configuration measured with all layers quantized at once, read as the plan reads. The lead is counted in the
+standard errors plan_lead uses (selection.paired_standard_error: the paired per-position KL difference over 8
+contiguous blocks a window). The kinds' windows are drawn from all of each kind's passages, so they may hold
+passages of the profile's own windows (the mixture holds a third of each kind's passages).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def main():
     from sensprof.corpus import KIND_SEPARATORS, kind_passages
     from sensprof.data import text_windows
     from sensprof.models import load_for_profile
-    from sensprof.planning.selection import LEAD_BLOCKS_PER_WINDOW
+    from sensprof.planning.selection import paired_standard_error
     from sensprof.profiling.table import load_profile
     from sensprof.validation.validate import layer_choices, measure, plan_reads
 
@@ -71,11 +71,7 @@ def main():
         m = measure(loaded.model, ids, named, reads=plan_reads(first), per_token=True)
         for b, pair in zip(bits, pairs):
             p, u = m[f"{b} plan"], m[f"{b} {pair}"]
-            diff = p["kl_tokens"] - u["kl_tokens"]
-            size = diff.shape[1] // LEAD_BLOCKS_PER_WINDOW
-            blocks = diff[:, :size * LEAD_BLOCKS_PER_WINDOW].reshape(diff.shape[0], LEAD_BLOCKS_PER_WINDOW, size)
-            blocks = blocks.mean(-1).flatten()
-            se = float(blocks.std() / blocks.numel() ** 0.5)
+            se = paired_standard_error(p["kl_tokens"] - u["kl_tokens"])[0]
             rows.append({"model": meta["model"]["id"], "kind": kind, "bits": float(b), "plan_kl": p["kl"],
                          "uniform": pair, "uniform_kl": u["kl"], "plan_over_uniform": p["kl"] / u["kl"],
                          "lead_in_standard_errors": (u["kl"] - p["kl"]) / se, "windows": int(ids.shape[0]),

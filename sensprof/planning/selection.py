@@ -350,7 +350,20 @@ def plan_lead(rows: list[dict], measured: dict) -> dict | None:
     u = min(uniforms, key=lambda r: r["measured_kl"])
     if u["measured_kl"] <= p["measured_kl"]:
         return None
-    diff = measured[p["name"]]["kl_tokens"] - measured[u["name"]]["kl_tokens"]  # [windows, positions]
+    noise = paired_standard_error(measured[p["name"]]["kl_tokens"] - measured[u["name"]]["kl_tokens"])
+    if noise is None:
+        return None
+    error, blocks, size = noise
+    lead = u["measured_kl"] - p["measured_kl"]  # the figures printed beside it; the blocks give its noise
+    return {"plan": p["name"], "uniform": u["name"], "ratio": round(p["measured_kl"] / u["measured_kl"], 4),
+            "lead": lead, "standard_error": error, "blocks": blocks, "block_tokens": size,
+            "beyond_noise": bool(lead > error)}
+
+
+def paired_standard_error(diff) -> tuple[float, int, int] | None:
+    """(standard error, blocks, tokens a block) of the mean of paired per-position differences `diff` [windows,
+    positions], over LEAD_BLOCKS_PER_WINDOW contiguous blocks per window (neighbouring positions are correlated);
+    None with fewer than 2 blocks or positions than blocks."""
     size = diff.shape[1] // LEAD_BLOCKS_PER_WINDOW
     if size < 1:
         return None
@@ -358,11 +371,7 @@ def plan_lead(rows: list[dict], measured: dict) -> dict | None:
     blocks = blocks.flatten()
     if blocks.numel() < 2:
         return None
-    lead = u["measured_kl"] - p["measured_kl"]  # the figures printed beside it; the blocks give its noise
-    error = float(blocks.std() / math.sqrt(blocks.numel()))
-    return {"plan": p["name"], "uniform": u["name"], "ratio": round(p["measured_kl"] / u["measured_kl"], 4),
-            "lead": lead, "standard_error": error, "blocks": int(blocks.numel()), "block_tokens": int(size),
-            "beyond_noise": bool(lead > error)}
+    return float(blocks.std() / math.sqrt(blocks.numel())), int(blocks.numel()), int(size)
 
 
 def _kv_growth(model, ids, plan: Plan, profile, own: int, reads: str) -> dict | None:
