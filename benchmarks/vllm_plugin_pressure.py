@@ -124,7 +124,7 @@ def serve_under_pressure(plan_paths: list[str], mixed: bool = False, log=print) 
     from sensprof.artifacts import load_plan
     from sensprof.engines.run.python import find_engine_python
     from sensprof.export.checkpoint import write_checkpoint
-    from sensprof.export.vllm import PLUGIN_KEY, plugin_plan
+    from sensprof.export.vllm import PLUGIN_KEY, plugin_plan, pool_layers
     from sensprof.models import load_for_plan
     from sensprof.planning.budget import vllm_cpu_pool
 
@@ -144,14 +144,13 @@ def serve_under_pressure(plan_paths: list[str], mixed: bool = False, log=print) 
                 hand = dict(served, layers=[MIXED_CYCLE[j % 3] for j in range(len(plan.layers))])
                 variants.append((f"{plan.model_id} hand-made auto/fp8_e4m3/fp8_e5m2", hand))
             ids = prompts(loaded.tokenizer)
-            shape = [(p.kv_heads, p.head_dim, p.window if p.kind == "sliding" else None) for p in plan.layers]
             window = {f"model.layers.{q.layer}.self_attn.attn": q.window for q in plan.layers if q.kind == "sliding"}
             for name, p in variants:
                 windows_of.append(window)
                 roomy.append({"name": f"{name} roomy", "model": ckpt, "out": os.path.join(work, f"r{len(roomy)}.json"),
                               "additional_config": {PLUGIN_KEY: p}, "prompts": ids, "max_tokens": MAX_TOKENS})
                 # what the export's arithmetic says vLLM allocates per token, at the float32 the engine serves
-                pool = vllm_cpu_pool([(d, *s) for d, s in zip(p["layers"], shape)], itemsize=4)
+                pool = vllm_cpu_pool(pool_layers(plan, p["layers"]), itemsize=4)
                 named.append((name, p["layers"], pool.bytes_per_token))
             del loaded
         t0 = time.time()

@@ -81,15 +81,18 @@ def plugin_plan(plan: Plan) -> dict:
             "layers": list(plan.layer_dtypes)}
 
 
+def pool_layers(plan: Plan, dtypes) -> list[tuple]:
+    """budget.vllm_cpu_pool's layers: the plan's model layers, each with its dtype of `dtypes`."""
+    return [(d, p.kv_heads, p.head_dim, p.window if p.kind == "sliding" else None) for d, p in zip(dtypes, plan.layers)]
+
+
 def per_layer_cpu_pool(plan: Plan):
     """vLLM's KV pool on its CPU backend for a per-layer plan served at bf16 (budget.vllm_cpu_pool), or None for
     another plan; a plan vLLM would pad (a hand-edited one, or one planned before sensprof priced the padding) is
     refused: it would take more memory than it was priced at, and the plugin refuses it too."""
     if not plan.layer_dtypes or plan.engine.vllm_gpu != "cpu":
         return None
-    layers = [(d, p.kv_heads, p.head_dim, p.window if p.kind == "sliding" else None)
-              for d, p in zip(plan.layer_dtypes, plan.layers)]
-    pool = vllm_cpu_pool(layers)
+    pool = vllm_cpu_pool(pool_layers(plan, plan.layer_dtypes))
     if pool.padded:
         raise SensprofError(f"vLLM would pad this per-layer plan's KV pages on a sliding-window model: "
                             f"{pool.bytes_per_token:,.0f} bytes per token where its layers take "
