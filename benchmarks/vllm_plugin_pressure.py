@@ -14,9 +14,13 @@ hand-made plan cycling vLLM's own auto / fp8_e4m3 / fp8_e5m2 over the same model
             (counted, and required). Two requests in five blocks per group, the check before, forced it only where
             every group takes 32-token blocks: on Gemma 3 270M's hand-made plan vLLM gives the fp8 layers' groups
             128-token blocks (their pages are a quarter of the float32 auto layers') and nothing was preempted.
-Verdicts: tokens equal everywhere; each prompt's log-probabilities alone in the pressed engine (chunked prefill,
-small pages) equal the roomy engine's within 1e-4. Together, log-probabilities move by vLLM's batch variance (float32
-matmuls of other shapes), which the roomy engine's own together-vs-alone difference measures: reported, not gated.
+Verdicts: each prompt alone in the pressed engine (chunked prefill, small pages) gets the roomy engine's tokens and
+log-probabilities within 1e-4. Together, log-probabilities move by vLLM's batch variance (float32 matmuls of other
+shapes), which the roomy engine's own together-vs-alone difference measures (reported), so the tokens of a prompt in
+a batch must equal its tokens alone up to a near tie (near_tie_flips: the greedy token ahead of the runner-up by
+less than NEAR_TIE nats alone, nothing moved more before it); exact equality is reported beside. Gemma 3 270M's plan
+of 8-bit keys and 6-bit values needed this: one 7-token prompt's fourth token led its runner-up by 0.0027 nats
+alone, and the batch took the runner-up.
 Prints one line per plan and writes everything the engines reported to --out (JSON)."""
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ PRESSURE = {"block_size": 32, "max_num_batched_tokens": 32, "enable_chunked_pref
 MAX_TOKENS = 8
 PRESSED = tuple(i for i, n in enumerate(PROMPT_LENGTHS) if n + MAX_TOKENS <= PRESSURE["max_model_len"])
 MIXED_CYCLE = ("auto", "fp8_e4m3", "fp8_e5m2")
+NEAR_TIE = 0.1  # nats: a greedy choice this close to the runner-up may flip under a batch's float32 noise (up to 0.065 seen)
 
 
 def prompts(tokenizer) -> list[list[int]]:
@@ -77,24 +82,58 @@ def check(name: str, layers: list[str], priced: float, roomy: dict, pressed: dic
         return max(abs(a - b) for x, y in zip(xs, ys) for a, b in zip(x, y))
 
     want, want_logprobs = [roomy["alone"][i] for i in PRESSED], [roomy["alone_logprobs"][i] for i in PRESSED]
+    want_margins = [roomy["alone_margins"][i] for i in PRESSED]
     alone = most(pressed["alone_logprobs"], want_logprobs)
+    batched = near_tie_flips(roomy["alone"], roomy["alone_logprobs"], roomy["alone_margins"], roomy["together"],
+                             roomy["together_logprobs"])
+    pressed_together = near_tie_flips(want, want_logprobs, want_margins, pressed["together"],
+                                      pressed["together_logprobs"])
     verdict = {
         "plan": name, "layers_as_planned": served == layers,
         "backends": sorted({l["backend"] for l in roomy["layers"]}),
         "bytes_per_token": roomy["kv"]["bytes_per_token"], "priced_bytes_per_token": priced,
         "bytes_as_priced": roomy["kv"]["bytes_per_token"] == priced == pressed["kv"]["bytes_per_token"],
         "batched_equals_alone": roomy["alone"] == roomy["together"],
+        "batched_same_up_to_near_ties": batched is not None,
+        "batched_near_tie_flips": batched,
         "preemptions": pressed["preemptions"],
         "pressure_blocks": pressed["kv"]["num_blocks"],
+        "pressure_alone_tokens_equal_roomy": pressed["alone"] == want,
         "pressure_tokens_equal_roomy": pressed["alone"] == pressed["together"] == want,
+        "pressure_together_same_up_to_near_ties": pressed_together is not None,
+        "pressure_together_near_tie_flips": pressed_together,
         "pressure_alone_logprob_diff": alone,
         "pressure_together_logprob_diff": most(pressed["together_logprobs"], want_logprobs),
         "roomy_batch_logprob_diff": most(roomy["together_logprobs"], roomy["alone_logprobs"]),
         "start_s": [roomy.get("start_s"), pressed.get("start_s")],
     }
-    verdict["ok"] = (verdict["layers_as_planned"] and verdict["bytes_as_priced"] and verdict["batched_equals_alone"]
-                     and verdict["preemptions"] >= 1 and verdict["pressure_tokens_equal_roomy"] and alone < 1e-4)
+    verdict["ok"] = (verdict["layers_as_planned"] and verdict["bytes_as_priced"]
+                     and verdict["batched_same_up_to_near_ties"] and verdict["preemptions"] >= 1
+                     and verdict["pressure_alone_tokens_equal_roomy"]
+                     and verdict["pressure_together_same_up_to_near_ties"] and alone < 1e-4)
     return verdict
+
+
+def near_tie_flips(tokens, logprobs, margins, other_tokens, other_logprobs) -> list[dict] | None:
+    """Where greedy decoding in a batch left a prompt's tokens alone, each a near tie; None if any is not.
+
+    A batch runs vLLM's float32 matmuls at other shapes, which moves log-probabilities (by up to 0.065 on these
+    plans). Where the runner-up was closer than that, the batch may pick it, and every later token follows the other
+    text. So a prompt passes when its tokens are equal, or equal up to a step where, alone, the greedy token led the
+    runner-up by less than NEAR_TIE nats, every log-probability up to that step within NEAR_TIE of the alone run's
+    (at the step itself: the two choices', equally likely). Returns the flips (prompt, step, margin)."""
+    flips = []
+    for p, (a, b, la, lb, m) in enumerate(zip(tokens, other_tokens, logprobs, other_logprobs, margins, strict=True)):
+        step = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if step is None:
+            if len(a) != len(b):
+                return None
+            continue
+        if m[step] is None or m[step] >= NEAR_TIE or any(abs(x - y) >= NEAR_TIE for x, y in zip(la[:step + 1],
+                                                                                                  lb[:step + 1])):
+            return None
+        flips.append({"prompt": p, "step": step, "margin": m[step]})
+    return flips
 
 
 def run_job(python: str, configs: list[dict], work: str, tag: str) -> list[dict]:

@@ -56,12 +56,13 @@ Structure = Literal["free", "global_skip", "global", "global_kv", "per_layer"]
 # override the plan, so none are offered)
 PER_LAYER_DTYPES = {"cpu": ("auto", "fp8_e4m3", "fp8_e5m2")}
 # Keys and Values in their own formats, "k:<K>/v:<V>", served by the plugin's SENSPROF_KV backend (a pure-PyTorch
-# attention backend, checked on vLLM's CPU backend): K as the model dtype or fp8 (written as vLLM's CPU backend writes
-# fp8: unit scale, toward zero), V fp8 or KIVI values (int<b>_t<g>); the plugin stores exactly sensprof's codes
+# attention backend, checked on vLLM's CPU backend): each tensor as the model dtype (K only), fp8 (written as vLLM's
+# CPU backend writes fp8: unit scale, toward zero) or b-bit per-token groups (int<b>_t<g>, KIVI's value layout, which
+# the cache can write token by token for keys too); the plugin stores exactly sensprof's codes
 PAIR_PLATFORMS = ("cpu",)
-PAIR_K = {"auto": "none", "fp8_e4m3": "fp8_e4m3_rtz", "fp8_e5m2": "fp8_e5m2_rtz"}
-PAIR_V = {"fp8_e4m3": "fp8_e4m3_rtz", "fp8_e5m2": "fp8_e5m2_rtz",
-          **{f"int{b}_t{g}": f"int{b}_t{g}" for b in (8, 6, 5, 4, 3, 2) for g in (32, 64, 128)}}
+PAIR_INT = {f"int{b}_t{g}": f"int{b}_t{g}" for b in (8, 6, 5, 4, 3, 2) for g in (32, 64, 128)}
+PAIR_K = {"auto": "none", "fp8_e4m3": "fp8_e4m3_rtz", "fp8_e5m2": "fp8_e5m2_rtz", **PAIR_INT}
+PAIR_V = {"fp8_e4m3": "fp8_e4m3_rtz", "fp8_e5m2": "fp8_e5m2_rtz", **PAIR_INT}
 
 
 def is_pair(flag: str) -> bool:
@@ -75,22 +76,31 @@ def pair_dtypes(gpu: str, head_dims=None) -> tuple[EngineDtype, ...]:
     if gpu not in PAIR_PLATFORMS:
         return ()
 
-    def fits(v: str) -> bool:
-        g = int(v.rpartition("_t")[2]) if v.startswith("int") else 0
+    def fits(c: str) -> bool:
+        g = int(c.rpartition("_t")[2]) if c.startswith("int") else 0
         return not g or all(h % min(g, h) == 0 for h in head_dims or ())
 
     return tuple(EngineDtype(f"k:{k}/v:{v}", ks, vs) for k, ks in PAIR_K.items() for v, vs in PAIR_V.items()
-                 if k != v and fits(v))
+                 if not (k == v and k.startswith("fp8")) and fits(k) and fits(v))
 
 
-# the value formats a --target vllm profile for a pair platform measures besides vLLM's dtypes, so that `plan
-# --per-layer` can keep K (auto or fp8) beside KIVI values; the planner takes any other PAIR_V the profile holds
-PAIR_PROFILE_V = tuple(f"int{b}_t64" for b in (8, 6, 5, 4, 3, 2))
+# the formats a --target vllm profile for a pair platform measures besides vLLM's dtypes, so that `plan --per-layer`
+# can store K and V in the plugin's own formats; the planner takes any other PAIR_K / PAIR_V the profile holds.
+# Keys: 8-bit groups of 32 beside 6-bit values of 32 take exactly fp8's bytes (9 + 7 bits an element, K and V), so on
+# a sliding-window model, where a layer's bytes must divide the largest layer's, they mix with fp8 and auto layers;
+# on Gemma 3 270M that pair measured 6.5e-4 KL where fp8 measured 1.2e-2 (docs/vllm-plugin.md)
+PAIR_PROFILE_K = ("int8_t32", "int8_t64", "int6_t32", "int4_t32")
+PAIR_PROFILE_V = (*(f"int{b}_t64" for b in (8, 6, 5, 4, 3, 2)), "int8_t32", "int6_t32", "int4_t32")
 
 
 def pair_profile_values(gpu: str, head_dims=None) -> tuple[str, ...]:
     offered = {d.v_scheme for d in pair_dtypes(gpu, head_dims)}
     return tuple(v for v in PAIR_PROFILE_V if v in offered)
+
+
+def pair_profile_keys(gpu: str, head_dims=None) -> tuple[str, ...]:
+    offered = {d.k_scheme for d in pair_dtypes(gpu, head_dims)}
+    return tuple(k for k in PAIR_PROFILE_K if k in offered)
 
 
 def per_layer_flags(gpu: str | None) -> tuple[str, ...]:
@@ -232,10 +242,16 @@ def profile_menu(schemes: str | None, target: str | None, vllm_gpu: str | None, 
         both += get_target(target, vllm_gpu, head_dims=head_dims, channel_order=channel_order).schemes_needed()
     elif vllm_gpu is not None:
         raise SensprofError("--vllm-gpu needs --target vllm")
-    if target == "vllm" and not schemes:  # the values a per-layer plan may keep in the plugin's own formats
-        extra = pair_profile_values(check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU), head_dims)
-        v_schemes = ",".join(dict.fromkeys(filter(None, [*(v_schemes or "").split(","), *extra]))) or None
+    if target == "vllm" and not schemes:  # the formats a per-layer plan may store K and V in with the plugin
+        gpu = check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU)
+        v_schemes = ",".join(dict.fromkeys(filter(None, [*(v_schemes or "").split(","),
+                                                         *pair_profile_values(gpu, head_dims)]))) or None
     menu = parse_menu(",".join(both) or None, k_schemes, v_schemes, menus)
+    if target == "vllm" and not schemes:  # keys in per-token groups: parse_menu refuses them from a user's key menu
+        from .schemes import get_scheme
+
+        keys = [get_scheme(k) for k in pair_profile_keys(gpu, head_dims)]
+        menu = type(menu)(tuple({s.name: s for s in (*menu.k, *keys)}.values()), menu.v)
     if target == "sensprof" and (schemes or k_schemes or v_schemes):
         default = parse_menu(menus=menus)
         menu = type(menu)(tuple({s.name: s for s in (*default.k, *menu.k)}.values()),

@@ -58,6 +58,11 @@ def test_scheme_names_for_each_target_and_gpu():
     assert _names(profile_menu("int4_c32", "llamacpp", None)) >= {"int4_c32", "llamacpp_q8_0.V", "llamacpp_q4_0.K"}
     interleaved = _names(profile_menu(None, "llamacpp", None, channel_order="interleaved"), "K")  # a Llama GGUF
     assert "llamacpp_q4_0.K_interleaved" in interleaved and "llamacpp_q4_0.K" not in interleaved
+    # vLLM's CPU backend with sensprof's plugin: keys and values in the plugin's per-token groups are profiled too,
+    # though a user's --k-schemes may not name a value layout for keys (it is there for the pairs' sake)
+    cpu = profile_menu(None, "vllm", "cpu", {256})
+    assert {"int8_t32", "int6_t32"} <= _names(cpu, "K") and {"int6_t32", "int6_t64"} <= _names(cpu, "V")
+    assert "int8_t32" not in _names(profile_menu(None, "vllm", "ampere", {64}), "K")
     assert profile_menu(None, "sensprof", None) == profile_menu(None, None, None)
     with_k = profile_menu(None, "sensprof", None, k_schemes="int4_c64")  # the default menus and the extra key
     assert _names(with_k, "K") == _names(profile_menu(None, None, None), "K") | {"int4_c64"}

@@ -16,7 +16,7 @@ import tomllib
 
 import pytest
 
-from conftest import plugin_plan_module
+from conftest import load_benchmark, plugin_plan_module
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PLUGIN = os.path.join(ROOT, "plugins", "vllm")
@@ -624,3 +624,20 @@ def test_refusals(engine, name):
     line = r["error"]
     assert line.startswith("PlanError: sensprof plan refused: ") and REFUSALS[name][1] in line, line
     assert "sensprof plan: layer" not in r["log"]
+
+
+def test_a_batch_may_flip_only_a_near_tie():
+    """The real-model pressure check (benchmarks/vllm_plugin_pressure.py) takes a prompt's tokens in a batch as its
+    tokens alone up to a near tie: the step where they part had the greedy token within NEAR_TIE nats of the runner-up
+    alone, and nothing moved as much before it. Anything else is refused."""
+    flips = load_benchmark("vllm_plugin_pressure").near_tie_flips
+    alone, lps, margins = [[5, 6, 7, 8]], [[-0.1, -0.5, -0.7, -0.2]], [[2.0, 0.9, 0.02, 1.5]]
+    assert flips(alone, lps, margins, [[5, 6, 7, 8]], [[-0.1, -0.52, -0.69, -0.2]]) == []
+    # Gemma 3 270M's case: parted at step 2, where the runner-up was 0.02 nats behind
+    assert flips(alone, lps, margins, [[5, 6, 9, 4]], [[-0.1, -0.52, -0.71, -3.0]]) == [
+        {"prompt": 0, "step": 2, "margin": 0.02}]
+    assert flips(alone, lps, margins, [[5, 3, 7, 8]], [[-0.1, -0.6, -0.7, -0.2]]) is None  # a clear choice flipped
+    assert flips(alone, lps, margins, [[5, 6, 9, 4]], [[-0.4, -0.52, -0.71, -3.0]]) is None  # moved before it
+    assert flips(alone, lps, margins, [[5, 6, 9, 4]], [[-0.1, -0.52, -0.9, -3.0]]) is None  # not equally likely
+    assert flips(alone, lps, margins, [[5, 6, 7]], [[-0.1, -0.5, -0.7]]) is None  # fewer tokens
+    assert flips(alone, lps, [[2.0, 0.9, None, 1.5]], [[5, 6, 9, 4]], [[-0.1, -0.52, -0.71, -3.0]]) is None

@@ -72,9 +72,31 @@ def test_kv_bytes_per_token_are_the_exports_arithmetic(verdicts, model, kind):
 
 @pytest.mark.parametrize("model, kind", CASES)
 def test_batched_chunked_and_preempted_requests_get_their_tokens_alone(verdicts, model, kind):
+    """Alone in the pressed engine, exactly the roomy engine's tokens; in a batch (roomy, or pressed and preempted),
+    the same tokens up to a near tie, which a batch's float32 noise may flip (vllm_plugin_pressure.near_tie_flips)."""
     v = verdicts[(model, kind)]
-    assert v["batched_equals_alone"]
+    assert v["batched_same_up_to_near_ties"], v
     assert v["preemptions"] >= 1, f"the pressed engine ({v['pressure_blocks']} blocks) preempted nothing"
-    assert v["pressure_tokens_equal_roomy"]
+    assert v["pressure_alone_tokens_equal_roomy"]
+    assert v["pressure_together_same_up_to_near_ties"], v
+    assert len(v["batched_near_tie_flips"]) <= 1 and len(v["pressure_together_near_tie_flips"]) <= 1, v
     assert v["pressure_alone_logprob_diff"] < 1e-4  # chunked prefill and 32-token pages change nothing
     assert v["ok"]
+
+
+def test_gemma_plan_agrees_with_the_emulation_in_the_engine(vllm_python, tmp_path):
+    """`sensprof validate --engine vllm --seq-len 256` on Gemma 3 270M's committed per-layer plan (8-bit keys and
+    6-bit values in per-token groups on every layer, its six KV-cache groups): vLLM's KL and ΔNLL agree with the
+    emulation within validate's bounds (test_engine_agreement holds SmolLM2's plans to the same; the 1024-token run,
+    6 min in all, is in plans/gemma3-270m-vllm-cpu-per-layer-8bits.engine-vllm.txt)."""
+    from sensprof import api
+
+    _require_models()
+    lines = []
+    result = api.validate(PLANS["gemma3-270m"], engine="vllm", engine_python=vllm_python, seq_len=256,
+                          out=str(tmp_path / "gemma.engine-vllm.csv"), log=lines.append)
+    print("\n".join(lines))
+    df = result.table
+    assert list(df.config) == ["plan"] and list(df.seq_len) == [256] and int(df.tokens.iloc[0]) == 2 * 255
+    assert df.agrees.all() and result.note is None, df.to_dict("records")
+    assert df.engine_kl.iloc[0] > 0  # the plan quantizes: the engine's cache is not the model dtype's

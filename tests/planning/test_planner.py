@@ -820,6 +820,28 @@ def test_per_layer_plan_of_a_sliding_window_model_pads_nothing(seed):
     assert padded_optimum, "the no-padding constraints never bound"
 
 
+def test_keys_in_per_token_groups_take_fp8s_bytes_and_mix_with_it_on_a_sliding_window_model():
+    """K int8 in 32-channel groups beside V int6 in 32-channel groups is 9 + 7 bits an element: exactly fp8's bytes,
+    so on a sliding-window model, where vLLM pads a layer whose bytes do not divide the largest layer's, that pair
+    mixes with fp8 and auto layers; where it measures least damage the plan takes it, and nothing is padded."""
+    from sensprof.planning.budget import vllm_layer_bytes
+
+    for head_dim in (64, 256):
+        assert vllm_layer_bytes("k:int8_t32/v:int6_t32", 1, head_dim, 2) == vllm_layer_bytes("fp8_e4m3", 1, head_dim, 2)
+    problem = random_problem(random.Random(7), 4, ["fp8_e4m3_rtz", "int8_t32"], ["fp8_e4m3_rtz", "int6_t32"])
+    for i, layer in enumerate(problem.layers):
+        layer.update(kv_heads=2, head_dim=64, kind="full" if i == 2 else "sliding", window=None if i == 2 else 64)
+        problem.damage[(i, "K", "int8_t32")] = problem.damage[(i, "K", "fp8_e4m3_rtz")] / 20  # as Gemma 3 measured
+    flags = {d.schemes: d.flag_value for d in VLLM_CPU_PER_LAYER.dtypes}
+    for bits in (8.0, 10.0, 12.0):
+        sol = check_against_brute_force(problem, VLLM_CPU_PER_LAYER, make_budget("avg_bits", bits))
+        picked = [flags[c] for c in sol.choices]
+        assert "k:int8_t32/v:int6_t32" in picked, (bits, picked)
+        for itemsize in (2, 4):
+            assert not vllm_cpu_pool([(f, 2, 64, layer["window"]) for f, layer in zip(picked, problem.layers)],
+                                     itemsize).padded
+
+
 def test_per_layer_pairs_fit_the_head_dims():
     """A pair whose value groups do not divide a head dim is not offered; a group wider than the head is the head."""
     flags = {d.flag_value for d in get_target("vllm", "cpu", per_layer=True, head_dims=[48]).dtypes}
@@ -827,3 +849,7 @@ def test_per_layer_pairs_fit_the_head_dims():
     assert "k:fp8_e4m3/v:fp8_e5m2" in flags and "k:fp8_e4m3/v:fp8_e4m3" not in flags  # vLLM's own fp8 is that
     flags = {d.flag_value for d in get_target("vllm", "cpu", per_layer=True, head_dims=[64]).dtypes}
     assert {"k:auto/v:int4_t32", "k:auto/v:int4_t64", "k:fp8_e5m2/v:int3_t128"} <= flags
+    # keys in per-token groups too (the same int format on both is a pair; fp8 on both is vLLM's own dtype)
+    assert {"k:int8_t32/v:int6_t32", "k:int8_t32/v:int8_t32", "k:int4_t128/v:fp8_e4m3"} <= flags
+    flags = {d.flag_value for d in get_target("vllm", "cpu", per_layer=True, head_dims=[48]).dtypes}
+    assert "k:int8_t32/v:int6_t64" not in flags and "k:int8_t64/v:int6_t64" in flags

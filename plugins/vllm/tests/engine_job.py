@@ -49,6 +49,14 @@ def _logprobs(outputs):
             for o in outputs]
 
 
+def _margins(outputs):
+    """Per step, the greedy token's log-probability over the runner-up's (logprobs=2 returns both): how near a tie
+    the choice was, which float32 noise of another batch shape can flip."""
+    return [[float(step[tok].logprob) - max((float(lp.logprob) for t, lp in step.items() if t != tok), default=0.0)
+             if len(step) > 1 else None for step, tok in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
+            for o in outputs]
+
+
 def run_config(c: dict) -> dict:
     if c.get("patch") or c.get("patch_noop"):
         from sensprof_vllm import patch
@@ -114,13 +122,14 @@ def run_config(c: dict) -> dict:
             return preempt(*a, **k)
 
         scheduler._preempt_request = counted
-    params = SamplingParams(max_tokens=c.get("max_tokens", 8), temperature=0.0, logprobs=1)
+    params = SamplingParams(max_tokens=c.get("max_tokens", 8), temperature=0.0, logprobs=2)
     prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in c.get("prompts", [])]
     if prompts:
         alone = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
         together = llm.generate(prompts, params, use_tqdm=False)
         out.update(alone=_tokens(alone), together=_tokens(together), alone_logprobs=_logprobs(alone),
-                   together_logprobs=_logprobs(together), preemptions=preemptions[0])
+                   together_logprobs=_logprobs(together), alone_margins=_margins(alone),
+                   preemptions=preemptions[0])
     engine.engine_core.shutdown()  # the multiprocess engine's core and worker end with this child (os._exit)
     return out
 
