@@ -2,6 +2,11 @@
 on the default model, for a second model (or any), printing one row per configuration.
 
     python benchmarks/vllm_cpu_agreement.py MODEL --skip 4,5 [--seq-len 384] [--windows 2] [--out rows.csv]
+    python benchmarks/vllm_cpu_agreement.py MODEL --mix-only [--out rows.csv]
+
+--mix (or --mix-only, without the dtypes alone): also a per-layer mix served through sensprof's vLLM plugin, every
+third layer `auto` and the others `fp8_e4m3` and `fp8_e5m2` in turn (engine_checks.vllm_cpu_mixed_run; on Gemma 3
+270M vLLM pads nothing in it: buckets of 6, 9 and 3 layers, groups of 3).
 
 Needs vLLM's CPU environment (tools/engines/install.sh). Every fp8 dtype vLLM's CPU backend runs (`fp8`, `fp8`
 with checkpoint scales calibrated on other windows, `fp8_e5m2`), each with every layer quantized and with the
@@ -17,9 +22,9 @@ import time
 import torch
 
 from sensprof.data import PYDOC_NAME, load_windows
-from sensprof.validation.engine_checks import vllm_cpu_runs
+from sensprof.validation.engine_checks import vllm_cpu_mixed_run, vllm_cpu_runs
 from sensprof.engines.run.python import find_engine_python
-from sensprof.models import load_model
+from sensprof.models import describe_layers, load_model
 from sensprof.profiling.profile import kv_absmax
 from sensprof.validation.validate_engine import compare_with_engine
 
@@ -32,6 +37,8 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", default=None, help="also write every row's figures to this CSV")
+    ap.add_argument("--mix", action="store_true", help="also a per-layer mix through sensprof's plugin")
+    ap.add_argument("--mix-only", action="store_true", help="the per-layer mix only")
     args = ap.parse_args()
     t0 = time.time()
     torch.set_grad_enabled(False)
@@ -42,6 +49,9 @@ def main() -> None:
     absmax = kv_absmax(model, cal_ids)
     skip = tuple(int(x) for x in args.skip.split(",") if x)
     runs = vllm_cpu_runs(args.model, model, absmax, skip)
+    if args.mix or args.mix_only:
+        mix = vllm_cpu_mixed_run(args.model, model, tuple(range(0, len(describe_layers(model)), 3)))
+        runs = [runs[0], mix] if args.mix_only else [*runs, mix]
     rows = compare_with_engine("vllm", find_engine_python("vllm"), loaded, ids, runs, "vllm_cpu_agreement.log")
     if args.out:
         import pandas as pd
