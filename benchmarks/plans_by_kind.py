@@ -41,6 +41,7 @@ def main():
     from sensprof.artifacts import load_plan
     from sensprof.corpus import KIND_SEPARATORS, kind_passages
     from sensprof.data import text_windows
+    from sensprof.files import atomic_write_text
     from sensprof.models import load_for_profile
     from sensprof.planning.selection import paired_standard_error
     from sensprof.profiling.table import load_profile
@@ -58,6 +59,7 @@ def main():
         k, v = pair.split("/")
         configs[(b, "plan")] = list(plans[b].layers)
         configs[(b, pair)] = layer_choices(first, (k, v))
+    named = {f"{b} {name}": layers for (b, name), layers in configs.items()}
     texts = {kind: KIND_SEPARATORS[kind].join(p) for kind, p in kind_passages().items()}
     for item in args.text:
         name, path = item.split("=", 1)
@@ -67,7 +69,6 @@ def main():
     for kind, body in texts.items():
         t0 = time.time()
         ids = text_windows(loaded.tokenizer, body, kind, args.seq_len, args.windows, SEED)[0]
-        named = {f"{b} {name}": layers for (b, name), layers in configs.items()}
         m = measure(loaded.model, ids, named, reads=plan_reads(first), per_token=True)
         for b, pair in zip(bits, pairs):
             p, u = m[f"{b} plan"], m[f"{b} {pair}"]
@@ -82,9 +83,7 @@ def main():
                   f"({time.time() - t0:.0f} s)", flush=True)
     df = pd.DataFrame(rows)
     out = args.out or os.path.join(args.plans_dir, "by-kind.csv")
-    tmp = out + ".tmp"
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, out)
+    atomic_write_text(out, df.to_csv(index=False))
     print(f"wrote {out}")
 
 

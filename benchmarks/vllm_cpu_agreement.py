@@ -26,7 +26,7 @@ from sensprof.validation.engine_checks import vllm_cpu_mixed_run, vllm_cpu_runs
 from sensprof.engines.run.python import find_engine_python
 from sensprof.models import describe_layers, load_model
 from sensprof.profiling.profile import kv_absmax
-from sensprof.validation.validate_engine import compare_with_engine
+from sensprof.validation.validate_engine import VLLM_BASELINE, compare_with_engine
 
 
 def main() -> None:
@@ -48,10 +48,9 @@ def main() -> None:
     cal_ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=256, windows=2, seed=0, builtin=PYDOC_NAME)
     absmax = kv_absmax(model, cal_ids)
     skip = tuple(int(x) for x in args.skip.split(",") if x)
-    runs = vllm_cpu_runs(args.model, model, absmax, skip)
+    runs = [VLLM_BASELINE] if args.mix_only else vllm_cpu_runs(args.model, model, absmax, skip)
     if args.mix or args.mix_only:
-        mix = vllm_cpu_mixed_run(args.model, model, tuple(range(0, len(describe_layers(model)), 3)))
-        runs = [runs[0], mix] if args.mix_only else [*runs, mix]
+        runs.append(vllm_cpu_mixed_run(args.model, model, tuple(range(0, len(describe_layers(model)), 3))))
     rows = compare_with_engine("vllm", find_engine_python("vllm"), loaded, ids, runs, "vllm_cpu_agreement.log")
     if args.out:
         import pandas as pd

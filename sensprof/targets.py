@@ -93,14 +93,11 @@ PAIR_PROFILE_K = ("int8_t32", "int8_t64", "int6_t32", "int4_t32")
 PAIR_PROFILE_V = (*(f"int{b}_t64" for b in (8, 6, 5, 4, 3, 2)), "int8_t32", "int6_t32", "int4_t32")
 
 
-def pair_profile_values(gpu: str, head_dims=None) -> tuple[str, ...]:
-    offered = {d.v_scheme for d in pair_dtypes(gpu, head_dims)}
-    return tuple(v for v in PAIR_PROFILE_V if v in offered)
-
-
-def pair_profile_keys(gpu: str, head_dims=None) -> tuple[str, ...]:
-    offered = {d.k_scheme for d in pair_dtypes(gpu, head_dims)}
-    return tuple(k for k in PAIR_PROFILE_K if k in offered)
+def pair_profile_formats(gpu: str, head_dims=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(keys, values) of PAIR_PROFILE_K / PAIR_PROFILE_V that some pair the plugin serves on `gpu` stores."""
+    pairs = pair_dtypes(gpu, head_dims)
+    keys, values = {d.k_scheme for d in pairs}, {d.v_scheme for d in pairs}
+    return tuple(k for k in PAIR_PROFILE_K if k in keys), tuple(v for v in PAIR_PROFILE_V if v in values)
 
 
 def per_layer_flags(gpu: str | None) -> tuple[str, ...]:
@@ -242,16 +239,15 @@ def profile_menu(schemes: str | None, target: str | None, vllm_gpu: str | None, 
         both += get_target(target, vllm_gpu, head_dims=head_dims, channel_order=channel_order).schemes_needed()
     elif vllm_gpu is not None:
         raise SensprofError("--vllm-gpu needs --target vllm")
+    pair_keys = ()
     if target == "vllm" and not schemes:  # the formats a per-layer plan may store K and V in with the plugin
-        gpu = check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU)
-        v_schemes = ",".join(dict.fromkeys(filter(None, [*(v_schemes or "").split(","),
-                                                         *pair_profile_values(gpu, head_dims)]))) or None
+        pair_keys, pair_values = pair_profile_formats(check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU), head_dims)
+        v_schemes = ",".join(dict.fromkeys(filter(None, [*(v_schemes or "").split(","), *pair_values]))) or None
     menu = parse_menu(",".join(both) or None, k_schemes, v_schemes, menus)
-    if target == "vllm" and not schemes:  # keys in per-token groups: parse_menu refuses them from a user's key menu
+    if pair_keys:  # keys in per-token groups, added here: parse_menu refuses them from a user's key menu
         from .schemes import get_scheme
 
-        keys = [get_scheme(k) for k in pair_profile_keys(gpu, head_dims)]
-        menu = type(menu)(tuple({s.name: s for s in (*menu.k, *keys)}.values()), menu.v)
+        menu = type(menu)(tuple({s.name: s for s in (*menu.k, *map(get_scheme, pair_keys))}.values()), menu.v)
     if target == "sensprof" and (schemes or k_schemes or v_schemes):
         default = parse_menu(menus=menus)
         menu = type(menu)(tuple({s.name: s for s in (*default.k, *menu.k)}.values()),

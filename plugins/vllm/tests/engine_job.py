@@ -52,7 +52,7 @@ def _logprobs(outputs):
 def _margins(outputs):
     """Per step, the greedy token's log-probability over the runner-up's (logprobs=2 returns both): how near a tie
     the choice was, which float32 noise of another batch shape can flip."""
-    return [[float(step[tok].logprob) - max((float(lp.logprob) for t, lp in step.items() if t != tok), default=0.0)
+    return [[float(step[tok].logprob) - max(float(lp.logprob) for t, lp in step.items() if t != tok)
              if len(step) > 1 else None for step, tok in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
             for o in outputs]
 
