@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 import time
 
@@ -51,9 +52,10 @@ def main() -> None:
         runs = [VLLM_BASELINE, *(vllm_run(p, "cpu", name) for name, p in plans.items())]
     else:
         runs = [LLAMACPP_BASELINE, LLAMACPP_FLOOR, *(llamacpp_run(p, name) for name, p in plans.items())]
-    work = tempfile.mkdtemp(prefix="sensprof-plan-kl-")
+    work = tempfile.mkdtemp(prefix="sensprof-plan-kl-")  # the engine's log: kept only if the engine fails
     eng = engine_measurements(args.engine, find_engine_python(args.engine), loaded, ids, runs,
                               os.path.join(work, "engine.log"))
+    shutil.rmtree(work, ignore_errors=True)
     rows = []
     floor = float(eng[LLAMACPP_FLOOR.name].kl.mean()) if args.engine == "llamacpp" else None
     for name, p in plans.items():

@@ -1,29 +1,33 @@
 """What a per-layer vLLM plan (sensprof's plugin) buys, measured in vLLM's CPU backend itself: for each budget, the
 per-layer plan (`plan --per-layer`: each layer auto, fp8 or its K and V in their own formats), the one-dtype +
 skipped-layers plan of the same budget (what vLLM takes without the plugin), and every single vLLM dtype that fits
-(fp8 e4m3, e4m3 with checkpoint scales, e5m2 on every layer), all served by the engine on the same unseen windows,
-read as vLLM reads (every token quantized, the current one too).
+(fp8 e4m3, e4m3 with checkpoint scales, e5m2 on every layer), and every dtype the plugin serves alone on every
+layer (vLLM's own and the K/V pairs, e.g. `k:int8_t32/v:int6_t32`: the undominated ones that fit some budget,
+sensprof.planning.uniforms.per_layer_candidates, none pruned by a screen), all served by the engine on the same unseen
+windows, read as vLLM reads (every token quantized, the current one too).
 
     python benchmarks/vllm_per_layer_value.py PROFILE --avg-bits 6,8,10 --seq-len 1024 [--windows 2] [--out F.csv]
 
 PROFILE: a `sensprof profile --target vllm --vllm-gpu cpu` profile (it measures the KIVI values the pairs use).
 Needs vLLM's CPU environment with sensprof's plugin (tools/engines/install.sh). Plans are made by predicted damage
 (--select-measured 0), so that this script, not the plan's own selection, does the measuring. Prints one row per
-configuration and, per budget, the per-layer plan's engine KL over the best single dtype's and over the one-dtype
-plan's.
+configuration and, per budget, the per-layer plan's engine KL over the best single dtype's, over the one-dtype
+plan's and over the best uniform one's of no more memory (--no-uniforms leaves those out).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import shutil
 import tempfile
 import time
 
 import torch
 
 from sensprof import api
-from sensprof.artifacts import load_plan
+from sensprof.artifacts import load_plan, predicted_summary
 from sensprof.data import load_windows
 from sensprof.engines.run.python import find_engine_python
 from sensprof.errors import SensprofError
@@ -45,6 +49,29 @@ def _plan(profile: str, bits: float, per_layer: bool, out: str):
     return load_plan(out)
 
 
+def _uniform_runs(plans: dict, budgets: list[float]) -> list:
+    """Every dtype the plugin serves alone on every layer that is undominated within some budget, one run each."""
+    from sensprof.planning.selection import per_layer_uniform_plan
+    from sensprof.planning.uniforms import per_layer_candidates
+    from sensprof.targets import get_target
+    from sensprof.validation.baselines import layer_info
+
+    template = next(p for (_, per_layer), p in plans.items() if per_layer)
+    layers = layer_info(template.layers)
+    tgt = get_target("vllm", "cpu", head_dims={x["head_dim"] for x in layers}, per_layer=True)
+    found = {}
+    for b in budgets:
+        budget = dataclasses.replace(template.budget, value=b)
+        try:
+            each = per_layer_candidates(tgt.dtypes, budget, layers)
+        except SensprofError:
+            continue
+        found.update({c.flag: c for c in each})
+    no_cells = type("NoCells", (), {"damage": {}})()  # engine runs only: no damage is predicted
+    zero = {"k": {}, "v": {}}
+    return [vllm_run(per_layer_uniform_plan(template, c, no_cells, zero), "cpu", c.name) for c in found.values()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("profile")
@@ -53,10 +80,16 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=2)
     ap.add_argument("--seed", type=int, default=11, help="window seed (the profile's windows are seed 0)")
     ap.add_argument("--out", default=None, help="also write the rows to this CSV")
+    ap.add_argument("--no-uniforms", action="store_true", help="serve no dtype of the plugin's alone on every layer")
     args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="sensprof-value-")  # the plans and vLLM's log: kept only if the run fails
+    measure(args, work)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(args, work: str) -> None:
     t0 = time.time()
     torch.set_grad_enabled(False)
-    work = tempfile.mkdtemp(prefix="sensprof-value-")
     budgets = [float(b) for b in args.avg_bits.split(",")]
     plans = {}
     for b in budgets:
@@ -73,12 +106,14 @@ def main() -> None:
     runs = [VLLM_BASELINE, *singles]
     for (b, per_layer), p in plans.items():
         runs.append(vllm_run(p, "cpu", f"{b:g} bits {'per-layer' if per_layer else 'one dtype + skip'}"))
+    uniforms = [] if args.no_uniforms else _uniform_runs(plans, budgets)
+    runs += uniforms
     eng = engine_measurements("vllm", find_engine_python("vllm"), loaded, ids, runs,
                               os.path.join(work, "vllm.log"))
     kl = {r.name: float(eng[r.name].kl.mean()) for r in runs[1:]}
     rows = []
     for r in runs[1:]:
-        bits = SINGLE_BITS if r in singles else r.plan.predicted.avg_bits
+        bits = SINGLE_BITS if r in singles else predicted_summary(r.plan.layers)["avg_bits"]
         dtypes = r.plan.layer_dtypes
         rows.append({"config": r.name, "avg_bits": bits, "engine_kl": kl[r.name],
                      "layers": " ".join(dtypes) if dtypes else r.plan.engine.kv_cache_dtype +
@@ -90,15 +125,19 @@ def main() -> None:
     for r in rows:
         print(f"| {r['config']} | {r['avg_bits']:.2f} | {r['engine_kl']:.3e} |")
     best_single = min((kl[r.name], r.name) for r in singles)
-    print("\n| budget | per-layer KL | / best single dtype | / one dtype + skip |")
-    print("|---|---|---|---|")
+    print("\n| budget | per-layer KL | / best single dtype | / one dtype + skip | / best uniform of the plugin's |")
+    print("|---|---|---|---|---|")
     for b in budgets:
         per = kl.get(f"{b:g} bits per-layer")
         one = kl.get(f"{b:g} bits one dtype + skip")
         if per is None:
             continue
         single = f"{per / best_single[0]:.2f} ({best_single[1]})" if b >= SINGLE_BITS else "none fits"
-        print(f"| {b:g} | {per:.3e} | {single} | {f'{per / one:.2f}' if one else 'none fits'} |")
+        fits = [(kl[r.name], r.name) for r in uniforms
+                if predicted_summary(r.plan.layers)["avg_bits"] <= b + 1e-9]
+        best = f"{per / min(fits)[0]:.2f} ({min(fits)[1]})" if fits else ("not served" if args.no_uniforms
+                                                                           else "none fits")
+        print(f"| {b:g} | {per:.3e} | {single} | {f'{per / one:.2f}' if one else 'none fits'} | {best} |")
     if args.out:
         import pandas as pd
 

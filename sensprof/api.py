@@ -296,7 +296,8 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     frames = []
     lengths = validation_lengths(result, seq_len, loaded.model)
     baselines = None
-    if engine is None and result.target == "sensprof":  # every uniform setting it stores in the plan's memory
+    if engine is None and (result.target == "sensprof" or result.layer_dtypes):  # every uniform setting the target
+        # stores in the plan's memory (a per-layer vLLM plan: each dtype the plugin serves, on every layer)
         from .validation.baselines import baseline_configs, best_uniforms, plan_cost, recorded_screen, screen_length
         from .validation.validate import plan_reads
 

@@ -278,3 +278,55 @@ def test_per_layer_plan_of_a_sliding_window_model_is_priced_as_vllm_allocates(tm
             assert mod.check_pool(parsed, layers, itemsize, 128).bytes_per_token == \
                 sum(mod.layer_bytes(dt, h, hd, itemsize) for dt, h, hd, _ in layers)
     assert len(seen) > 1, seen
+
+
+def test_per_layer_plans_are_weighed_against_each_plugin_dtype_alone(cpu_profile, capsys, tmp_path):
+    """--select-measured on a per-layer plan measures beside it the best dtypes the plugin serves, each alone on every
+    layer (vLLM's own and the K/V pairs; found by a screen of each K and V format alone, as for the sensprof target),
+    and validate measures the same baselines; such a uniform configuration is itself a per-layer plan that the
+    plugin's reader takes, every layer the one dtype."""
+    import json
+    import shlex
+
+    import pandas as pd
+
+    from sensprof.planning.selection import per_layer_uniform_plan
+    from sensprof.planning.uniforms import per_layer_candidates
+    from sensprof.targets import get_target
+    from sensprof.validation.baselines import layer_info
+
+    path = tmp_path / "sel.json"
+    rc, out, err = run_cli(capsys, "plan", cpu_profile, "--target", "vllm", "--vllm-gpu", "cpu", "--per-layer",
+                           "--avg-bits", "11", "--select-measured", "1", "--select-seq-len", "64", "--out", path)
+    assert rc == 0, err
+    plan = load_plan(str(path))
+    select = plan.solver.select
+    pairs = [c for c in select["candidates"] if c["uniform"] and c["name"].startswith("uniform k:")]
+    assert pairs, [c["name"] for c in select["candidates"]]
+    limit = plan.budget.limit(layer_info(plan.layers))
+    assert all(c["budget_used"] <= limit * (1 + 1e-9) and c["measured_kl"] >= 0 for c in pairs)
+    assert set(select["uniform_screen"]["k"]) and set(select["uniform_screen"]["v"])
+    if select["uniform_won"]:
+        assert len(set(plan.engine.layer_dtypes)) == 1
+
+    tgt = get_target("vllm", "cpu", head_dims={p.head_dim for p in plan.layers}, per_layer=True)
+    c = next(c for c in per_layer_candidates(tgt.dtypes, plan.budget, layer_info(plan.layers))
+             if c.flag.startswith("k:"))
+    screened = {"k": {c.k: 1e-3}, "v": {c.v: 2e-3}}
+    problem = type("P", (), {"damage": {}})()  # no profile cells: each layer its share of the screen
+    uniform = per_layer_uniform_plan(plan, c, problem, screened)
+    assert uniform.engine.layer_dtypes == (c.flag,) * len(plan.layers)
+    assert [(p.k_scheme, p.v_scheme) for p in uniform.layers] == [(c.k, c.v)] * len(plan.layers)
+    assert abs(uniform.predicted.damage - 3e-3) < 1e-12 and uniform.predicted.budget_used == c.cost
+    uniform.save(str(tmp_path / "uniform.json"))
+    rc, out, err = run_cli(capsys, "export", tmp_path / "uniform.json", "--format", "vllm")
+    assert rc == 0, err
+    argv = shlex.split(next(ln for ln in out.splitlines() if ln.startswith("vllm serve")))
+    parsed = plugin_plan_module().plan_from_additional_config(json.loads(argv[argv.index("--additional-config") + 1]))
+    assert list(parsed.layers) == [c.flag] * len(plan.layers)
+
+    rc, out, err = run_cli(capsys, "validate", path, "--windows", "1", "--seq-len", "64",
+                           "--out", tmp_path / "v.csv")
+    assert rc == 0, err
+    rows = pd.read_csv(tmp_path / "v.csv")
+    assert rows.config.str.startswith("best uniform k:").any(), list(rows.config)

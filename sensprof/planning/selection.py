@@ -152,6 +152,27 @@ def _keeping_recent(plan: Plan, problem, budget, layers: list[dict]) -> Plan | N
         plan.predicted, damage=sum(p.k_damage + p.v_damage for p in new), budget_used=cost, **summary))
 
 
+def per_layer_uniform_plan(plan: Plan, c, problem, screened: dict) -> Plan:
+    """The per-layer vLLM plan that gives every layer the dtype of uniform configuration `c` (a Uniform with its
+    flag), each layer's damage the profile's cell, else its scheme's screen shared equally by the layers."""
+    from .plan import held_avg_bits, predicted_summary
+    from .planner import per_layer_engine
+    from ..targets import EngineDtype
+
+    n = len(plan.layers)
+    layers = tuple(dataclasses.replace(
+        p, k_scheme=c.k, v_scheme=c.v, k_damage=_cell(problem, p.layer, "K", c.k, screened["k"].get(c.k, 0.0) / n),
+        v_damage=_cell(problem, p.layer, "V", c.v, screened["v"].get(c.v, 0.0) / n)) for p in plan.layers)
+    settings = per_layer_engine([EngineDtype(c.flag, c.k, c.v)] * n, plan.engine.vllm_gpu)
+    engine = dataclasses.replace(plan.engine, **{k: tuple(v) if isinstance(v, list) else v
+                                                 for k, v in settings.items()})
+    at = plan.predicted.context_len
+    predicted = dataclasses.replace(plan.predicted, damage=sum(p.k_damage + p.v_damage for p in layers),
+                                    budget_used=c.cost, **predicted_summary(layers),
+                                    **({"avg_bits_at_context": held_avg_bits(layers, at)} if at else {}))
+    return plan.replace(layers=layers, engine=engine, predicted=predicted)
+
+
 def _finite(x: float) -> float | None:
     """A number for the plan file (which holds no NaN): None where the profile cannot predict it."""
     return x if math.isfinite(x) else None
@@ -241,7 +262,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
             kept = _keeping_recent(candidate, problem, budget, meta["layers"])
             if kept is not None:
                 plans[f"{label} + sinks and 32 recent tokens"] = kept
-    screened = None
+    screened, uniform_pairs = None, {}  # uniform_pairs: {name: (K, V)} of the uniform candidates a screen found
     if plan.target == "sensprof" and uniform_set == "menus":
         uniforms = uniform_candidates(problem, budget, meta["layers"])
         uniform_layers = {name: layer_choices(plan, pair) for name, pair in uniforms.items()}
@@ -251,11 +272,21 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
         short = ids[:1, :screen_length(own, int(ids.shape[1]))]
         chosen_uniforms, k_screen, v_screen = best_uniforms(loaded.model, short, plan, budget, reads=plan_reads(plan),
                                                             log=log)
-        uniforms = {c.name: (c.k, c.v) for c in chosen_uniforms}
+        uniforms = uniform_pairs = {c.name: (c.k, c.v) for c in chosen_uniforms}
         uniform_layers = {name: layer_choices(plan, pair) for name, pair in uniforms.items()}
         screened = {"tokens": int(short.shape[1]), "k": k_screen, "v": v_screen}
     else:  # each engine dtype alone is itself a plan (its engine settings included)
         uniforms = engine_uniform_plans(profile, problem, tgt, budget, plan.objective, pricing_used, table)
+        if plan.layer_dtypes and uniform_set == "all":  # and the best of each dtype the plugin serves, on every layer
+            from ..validation.baselines import best_uniforms, screen_length
+
+            short = ids[:1, :screen_length(own, int(ids.shape[1]))]
+            chosen_uniforms, k_screen, v_screen = best_uniforms(loaded.model, short, plan, budget,
+                                                                reads=plan_reads(plan), log=log)
+            screened = {"tokens": int(short.shape[1]), "k": k_screen, "v": v_screen}
+            for c in chosen_uniforms:
+                uniform_pairs[c.name] = (c.k, c.v)
+                uniforms.setdefault(c.name, per_layer_uniform_plan(plan, c, problem, screened))
         uniform_layers = {name: list(p.layers) for name, p in uniforms.items()}
     configs, seen = {}, set()
     for name, layers in [*((name, p.layers) for name, p in plans.items()), *uniform_layers.items()]:
@@ -271,8 +302,9 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     for name, layers in configs.items():
         pred = sum(_cell(problem, p.layer, "K", p.k_scheme) + _cell(problem, p.layer, "V", p.v_scheme) for p in layers)
         here = predicted_damage(at_len, layers, "kl")  # the per-layer sum priced at the windows' own length
-        if not math.isfinite(pred) and name in uniforms:  # outside the profile: its schemes' screens summed
-            pred = here = screened["k"].get(uniforms[name][0], 0.0) + screened["v"].get(uniforms[name][1], 0.0)
+        if not math.isfinite(pred) and name in uniform_pairs:  # outside the profile: its schemes' screens summed
+            k, v = uniform_pairs[name]
+            pred = here = screened["k"].get(k, 0.0) + screened["v"].get(v, 0.0)
         cost = budget.layers_cost([(p.k_scheme, p.v_scheme) for p in layers], meta["layers"])
         rows.append({"name": name, "uniform": name in uniforms, "predicted_kl": _finite(pred),
                      "predicted_kl_here": _finite(here),

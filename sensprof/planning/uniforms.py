@@ -32,10 +32,15 @@ class Uniform:
     k: str
     v: str
     cost: float
+    flag: str = ""  # a per-layer vLLM dtype (plan --per-layer): the dtype every layer takes, as the plan names it
+
+    @property
+    def label(self) -> str:
+        return self.flag or f"{self.k} / {self.v}"
 
     @property
     def name(self) -> str:
-        return f"uniform {self.k} / {self.v}"
+        return f"uniform {self.label}"
 
 
 def key_schemes(head_dims) -> list[str]:
@@ -95,6 +100,25 @@ def candidates(budget, layers: list[dict], limit: float | None = None) -> list[U
     found = maximal(within_budget(budget, layers, limit))
     if not found:
         raise SensprofError("no uniform configuration fits the budget; raise it (e.g. --avg-bits 4)")
+    return found
+
+
+def per_layer_candidates(dtypes, budget, layers: list[dict], limit: float | None = None) -> list[Uniform]:
+    """Each dtype a per-layer vLLM plan may give a layer (targets.get_target(..., per_layer=True).dtypes: vLLM's own
+    and the plugin's K/V pairs), alone on every layer, within the budget (or `limit`): the maximal ones. Every layer
+    one dtype is a plan the plugin serves as it is priced (no layer's pages differ, so vLLM pads none)."""
+    limit = budget.limit(layers) if limit is None else limit
+    found = []
+    for d in dtypes:
+        if (d.k_scheme, d.v_scheme) == ("none", "none"):
+            continue
+        cost = sum(budget.cost(get_scheme(d.k_scheme), layer) + budget.cost(get_scheme(d.v_scheme), layer)
+                   for layer in layers)
+        if cost <= limit * (1 + 1e-9):
+            found.append(Uniform(d.k_scheme, d.v_scheme, cost, d.flag_value))
+    found = maximal(found)
+    if not found:
+        raise SensprofError("no per-layer vLLM dtype fits the budget on every layer; raise it (e.g. --avg-bits 8)")
     return found
 
 

@@ -1,5 +1,6 @@
-"""The uniform baselines a plan must beat, found by measurement among every uniform configuration the free target
-can express within the plan's memory (sensprof.planning.uniforms), not only the profile's menus.
+"""The uniform baselines a plan must beat, found by measurement among every uniform configuration its target can
+express within the plan's memory (sensprof.planning.uniforms: the free target's every stored layout, or for a
+per-layer vLLM plan every dtype the plugin serves), not only the profile's menus.
 
 Two steps. A short screen measures each K scheme of the candidates alone (values unquantized) and each V scheme
 alone, with every layer quantized, on one window of up to 512 tokens: a few dozen whole-model passes, shared by every pair (damage adds
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 
 from ..artifacts import LayerPlan, Plan
-from ..planning.uniforms import Uniform, candidates, rank
+from ..planning.uniforms import Uniform, candidates, per_layer_candidates, rank
 from .validate import layer_choices, measure
 
 TOP = 3  # baselines measured whole beside the plan
@@ -81,7 +82,7 @@ def best_uniforms_each(model, ids, template: Plan, bounds, reads: str = "streami
                        known=None):
     """([the `top` baselines of each (budget, limit) in `bounds`], K screen, V screen): one screen of every scheme
     any of them can use (a sweep's budgets share it)."""
-    found = [candidates(budget, layer_info(template.layers), limit) for budget, limit in bounds]
+    found = [baseline_candidates(template, budget, limit) for budget, limit in bounds]
     k_damage, v_damage = screen(model, ids, template, [c for each in found for c in each], reads, log, known)
 
     def best(configs):
@@ -91,8 +92,21 @@ def best_uniforms_each(model, ids, template: Plan, bounds, reads: str = "streami
     return [best(each) for each in found], k_damage, v_damage
 
 
+def baseline_candidates(plan: Plan, budget, limit: float | None = None) -> list[Uniform]:
+    """What a uniform baseline of this plan may be: for a per-layer vLLM plan each dtype the plugin serves on its
+    platform, alone on every layer (vLLM's own and the K/V pairs); otherwise every configuration the free target
+    stores (sensprof.planning.uniforms)."""
+    layers = layer_info(plan.layers)
+    if plan.layer_dtypes:
+        from ..targets import get_target
+
+        tgt = get_target("vllm", plan.engine.vllm_gpu, head_dims={p.head_dim for p in plan.layers}, per_layer=True)
+        return per_layer_candidates(tgt.dtypes, budget, layers, limit)
+    return candidates(budget, layers, limit)
+
+
 def baseline_name(c: Uniform) -> str:
-    return f"best uniform {c.k} / {c.v}"
+    return f"best uniform {c.label}"
 
 
 def baseline_configs(plan: Plan, chosen: list[Uniform]) -> dict[str, list[LayerPlan]]:

@@ -84,19 +84,34 @@ def test_batched_chunked_and_preempted_requests_get_their_tokens_alone(verdicts,
     assert v["ok"]
 
 
-def test_gemma_plan_agrees_with_the_emulation_in_the_engine(vllm_python, tmp_path):
-    """`sensprof validate --engine vllm --seq-len 256` on Gemma 3 270M's committed per-layer plan (8-bit keys and
-    6-bit values in per-token groups on every layer, its six KV-cache groups): vLLM's KL and ΔNLL agree with the
-    emulation within validate's bounds (test_engine_agreement holds SmolLM2's plans to the same; the 1024-token run,
-    6 min in all, is in plans/gemma3-270m-vllm-cpu-per-layer-8bits.engine-vllm.txt)."""
-    from sensprof import api
+def test_gemma_plans_agree_with_the_emulation_in_the_engine(vllm_python):
+    """What `sensprof validate --engine vllm --seq-len 256` runs, on Gemma 3 270M, for its committed per-layer plan
+    (8-bit keys and 6-bit values in per-token groups on every layer, its six KV-cache groups) and, in the same engine
+    job, the hand-made plan that cycles vLLM's own fp8_e4m3 / fp8_e5m2 with every third layer auto (CPU_ATTN, through
+    the plugin): vLLM's KL and dNLL agree with the emulation within validate's bounds, judged as one family of two
+    rows (test_engine_agreement holds SmolLM2's plans to the same; the 1024-token run of the committed plan, 6 min in
+    all, is in plans/gemma3-270m-vllm-cpu-per-layer-8bits.engine-vllm.txt; the mix alone, x1.02 on 2 x 384 tokens, in
+    benchmarks/vllm_cpu_agreement.py --mix-only)."""
+    import torch
+
+    from sensprof.artifacts import load_plan
+    from sensprof.engines.run.python import find_engine_python
+    from sensprof.models import load_for_plan
+    from sensprof.validation.engine_checks import vllm_cpu_mixed_run
+    from sensprof.validation.validate import validation_windows
+    from sensprof.validation.validate_engine import check_engine_for_plan, validate_with_engine
 
     _require_models()
-    lines = []
-    result = api.validate(PLANS["gemma3-270m"], engine="vllm", engine_python=vllm_python, seq_len=256,
-                          out=str(tmp_path / "gemma.engine-vllm.csv"), log=lines.append)
-    print("\n".join(lines))
-    df = result.table
-    assert list(df.config) == ["plan"] and list(df.seq_len) == [256] and int(df.tokens.iloc[0]) == 2 * 255
-    assert df.agrees.all() and result.note is None, df.to_dict("records")
-    assert df.engine_kl.iloc[0] > 0  # the plan quantizes: the engine's cache is not the model dtype's
+    torch.set_grad_enabled(False)
+    plan = load_plan(PLANS["gemma3-270m"])
+    engine = find_engine_python("vllm", vllm_python)
+    runs = check_engine_for_plan("vllm", plan, engine)  # validate's own: the engine baseline, then the plan
+    loaded = load_for_plan(plan, None, "cpu", "float32", None, False)
+    runs.append(vllm_cpu_mixed_run("gemma3-270m", loaded.model, tuple(range(0, len(plan.layers), 3))))
+    ids = validation_windows(plan, loaded.tokenizer, None, 256)
+    rows = validate_with_engine(engine, runs, loaded, ids, os.devnull, family=2)
+    print("\n".join(f"{r['config']}: engine {r['engine_kl']:.3e}, emulated {r['emulated_kl']:.3e}, "
+                    f"x{r['kl_ratio']:.2f} +- {r['kl_ratio_se']:.2f}, agrees {r['agrees']}" for r in rows))
+    assert [r["config"] for r in rows] == ["plan", "per-layer mix"] and ids.shape == (2, 256)
+    assert all(r["agrees"] for r in rows), rows
+    assert all(r["engine_kl"] > 0 for r in rows)  # both quantize: the engine's cache is not the model dtype's

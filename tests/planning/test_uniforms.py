@@ -76,3 +76,29 @@ def test_keep_recent_adds_sinks_and_a_residual_window_to_grouped_integers_only()
     assert keep_recent("int4_c32_pre") == "int4_c32_pre_r32_s4"
     for same in ("none", "fp8_e4m3", "int8_per_token_head", "int2_c32_s4", "int3_c32_r32_s4"):
         assert keep_recent(same) == same
+
+
+GEMMA = ([{"kv_heads": 1, "head_dim": 256, "kind": "sliding", "window": 512}] * 5
+         + [{"kv_heads": 1, "head_dim": 256, "kind": "full", "window": None}]) * 3  # Gemma 3 270M's cache shape
+
+
+def test_per_layer_candidates_are_each_plugin_dtype_alone_within_the_budget():
+    """A per-layer vLLM plan's uniform baselines: every dtype the plugin serves on the CPU backend (vLLM's own and
+    the K/V pairs), alone on every layer, that fits; the undominated only. At 8 bits on Gemma 3 270M that holds fp8
+    and the pair of fp8's bytes, 8-bit keys and 6-bit values in groups of 32 (9 + 7 bits)."""
+    from sensprof.planning.uniforms import per_layer_candidates
+    from sensprof.targets import get_target
+
+    tgt = get_target("vllm", "cpu", head_dims={256}, per_layer=True)
+    budget = Budget("avg_bits", 8)
+    found = per_layer_candidates(tgt.dtypes, budget, GEMMA)
+    flags = {c.flag for c in found}
+    assert {"fp8_e4m3", "fp8_e5m2", "k:int8_t32/v:int6_t32"} <= flags
+    assert "auto" not in flags and "k:int8_t32/v:int8_t32" not in flags  # nothing quantized; 9 bits
+    assert all(c.cost <= budget.limit(GEMMA) * (1 + 1e-9) for c in found)
+    by_flag = {d.flag_value: d.schemes for d in tgt.dtypes}
+    assert all((c.k, c.v) == by_flag[c.flag] and c.name == f"uniform {c.flag}" for c in found)
+    assert maximal(found) == found
+    assert "k:int8_t32/v:int4_t32" not in flags  # int8_t32/int6_t32 fits and is at least as precise
+    with pytest.raises(SensprofError, match="no per-layer vLLM dtype fits the budget"):
+        per_layer_candidates(tgt.dtypes, Budget("avg_bits", 2), GEMMA)
