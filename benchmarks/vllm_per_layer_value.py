@@ -67,9 +67,8 @@ def _uniform_runs(plans: dict, budgets: list[float]) -> list:
         except SensprofError:
             continue
         found.update({c.flag: c for c in each})
-    no_cells = type("NoCells", (), {"damage": {}})()  # engine runs only: no damage is predicted
-    zero = {"k": {}, "v": {}}
-    return [vllm_run(per_layer_uniform_plan(template, c, no_cells, zero), "cpu", c.name) for c in found.values()]
+    none = {"k": {}, "v": {}}  # engine runs only: no damage is predicted
+    return [vllm_run(per_layer_uniform_plan(template, c, {}, none), "cpu", c.name) for c in found.values()]
 
 
 def main() -> None:

@@ -313,8 +313,7 @@ def test_per_layer_plans_are_weighed_against_each_plugin_dtype_alone(cpu_profile
     c = next(c for c in per_layer_candidates(tgt.dtypes, plan.budget, layer_info(plan.layers))
              if c.flag.startswith("k:"))
     screened = {"k": {c.k: 1e-3}, "v": {c.v: 2e-3}}
-    problem = type("P", (), {"damage": {}})()  # no profile cells: each layer its share of the screen
-    uniform = per_layer_uniform_plan(plan, c, problem, screened)
+    uniform = per_layer_uniform_plan(plan, c, {}, screened)  # no profile cells: each layer its share of the screen
     assert uniform.engine.layer_dtypes == (c.flag,) * len(plan.layers)
     assert [(p.k_scheme, p.v_scheme) for p in uniform.layers] == [(c.k, c.v)] * len(plan.layers)
     assert abs(uniform.predicted.damage - 3e-3) < 1e-12 and uniform.predicted.budget_used == c.cost

@@ -152,17 +152,20 @@ def _keeping_recent(plan: Plan, problem, budget, layers: list[dict]) -> Plan | N
         plan.predicted, damage=sum(p.k_damage + p.v_damage for p in new), budget_used=cost, **summary))
 
 
-def per_layer_uniform_plan(plan: Plan, c, problem, screened: dict) -> Plan:
+def per_layer_uniform_plan(plan: Plan, c, cells: dict, screened: dict) -> Plan:
     """The per-layer vLLM plan that gives every layer the dtype of uniform configuration `c` (a Uniform with its
-    flag), each layer's damage the profile's cell, else its scheme's screen shared equally by the layers."""
+    flag), each layer's damage its cell in `cells` ({(layer, "K"|"V", scheme): KL}, the profile's), else its
+    scheme's screen ({"k": {scheme: KL}, "v": ...}) shared equally by the layers."""
     from .plan import held_avg_bits, predicted_summary
     from .planner import per_layer_engine
     from ..targets import EngineDtype
 
     n = len(plan.layers)
     layers = tuple(dataclasses.replace(
-        p, k_scheme=c.k, v_scheme=c.v, k_damage=_cell(problem, p.layer, "K", c.k, screened["k"].get(c.k, 0.0) / n),
-        v_damage=_cell(problem, p.layer, "V", c.v, screened["v"].get(c.v, 0.0) / n)) for p in plan.layers)
+        p, k_scheme=c.k, v_scheme=c.v,
+        k_damage=0.0 if c.k == "none" else cells.get((p.layer, "K", c.k), screened["k"].get(c.k, 0.0) / n),
+        v_damage=0.0 if c.v == "none" else cells.get((p.layer, "V", c.v), screened["v"].get(c.v, 0.0) / n))
+        for p in plan.layers)
     settings = per_layer_engine([EngineDtype(c.flag, c.k, c.v)] * n, plan.engine.vllm_gpu)
     engine = dataclasses.replace(plan.engine, **{k: tuple(v) if isinstance(v, list) else v
                                                  for k, v in settings.items()})
@@ -286,7 +289,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
             screened = {"tokens": int(short.shape[1]), "k": k_screen, "v": v_screen}
             for c in chosen_uniforms:
                 uniform_pairs[c.name] = (c.k, c.v)
-                uniforms.setdefault(c.name, per_layer_uniform_plan(plan, c, problem, screened))
+                uniforms.setdefault(c.name, per_layer_uniform_plan(plan, c, problem.damage, screened))
         uniform_layers = {name: list(p.layers) for name, p in uniforms.items()}
     configs, seen = {}, set()
     for name, layers in [*((name, p.layers) for name, p in plans.items()), *uniform_layers.items()]:
