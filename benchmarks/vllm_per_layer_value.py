@@ -110,11 +110,11 @@ def measure(args, work: str) -> None:
     eng = engine_measurements("vllm", find_engine_python("vllm"), loaded, ids, runs,
                               os.path.join(work, "vllm.log"))
     kl = {r.name: float(eng[r.name].kl.mean()) for r in runs[1:]}
+    bits = {r.name: SINGLE_BITS if r in singles else predicted_summary(r.plan.layers)["avg_bits"] for r in runs[1:]}
     rows = []
     for r in runs[1:]:
-        bits = SINGLE_BITS if r in singles else predicted_summary(r.plan.layers)["avg_bits"]
         dtypes = r.plan.layer_dtypes
-        rows.append({"config": r.name, "avg_bits": bits, "engine_kl": kl[r.name],
+        rows.append({"config": r.name, "avg_bits": bits[r.name], "engine_kl": kl[r.name],
                      "layers": " ".join(dtypes) if dtypes else r.plan.engine.kv_cache_dtype +
                      (f" skip {list(r.plan.engine.skip_layers)}" if r.plan.engine.skip_layers else "")})
     print(f"{any_plan.model_id}, {args.windows} x {args.seq_len} tokens (seed {args.seed}), vLLM's CPU backend, "
@@ -132,8 +132,7 @@ def measure(args, work: str) -> None:
         if per is None:
             continue
         single = f"{per / best_single[0]:.2f} ({best_single[1]})" if b >= SINGLE_BITS else "none fits"
-        fits = [(kl[r.name], r.name) for r in uniforms
-                if predicted_summary(r.plan.layers)["avg_bits"] <= b + 1e-9]
+        fits = [(kl[r.name], r.name) for r in uniforms if bits[r.name] <= b + 1e-9]
         best = f"{per / min(fits)[0]:.2f} ({min(fits)[1]})" if fits else ("not served" if args.no_uniforms
                                                                            else "none fits")
         print(f"| {b:g} | {per:.3e} | {single} | {f'{per / one:.2f}' if one else 'none fits'} | {best} |")

@@ -176,6 +176,17 @@ def per_layer_uniform_plan(plan: Plan, c, cells: dict, screened: dict) -> Plan:
     return plan.replace(layers=layers, engine=engine, predicted=predicted)
 
 
+def _screened_uniforms(model, ids, plan: Plan, budget, own: int, log):
+    """(the best uniform baselines within the budget, the screen that ranked them as the plan records it): each K
+    and V scheme of the plan's target alone on the first window's first tokens (sensprof.validation.baselines)."""
+    from ..validation.baselines import best_uniforms, screen_length
+    from ..validation.validate import plan_reads
+
+    short = ids[:1, :screen_length(own, int(ids.shape[1]))]
+    chosen, k_screen, v_screen = best_uniforms(model, short, plan, budget, reads=plan_reads(plan), log=log)
+    return chosen, {"tokens": int(short.shape[1]), "k": k_screen, "v": v_screen}
+
+
 def _finite(x: float) -> float | None:
     """A number for the plan file (which holds no NaN): None where the profile cannot predict it."""
     return x if math.isfinite(x) else None
@@ -270,23 +281,13 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
         uniforms = uniform_candidates(problem, budget, meta["layers"])
         uniform_layers = {name: layer_choices(plan, pair) for name, pair in uniforms.items()}
     elif plan.target == "sensprof":  # every uniform configuration it stores within the budget, screened by measurement
-        from ..validation.baselines import best_uniforms, screen_length
-
-        short = ids[:1, :screen_length(own, int(ids.shape[1]))]
-        chosen_uniforms, k_screen, v_screen = best_uniforms(loaded.model, short, plan, budget, reads=plan_reads(plan),
-                                                            log=log)
+        chosen_uniforms, screened = _screened_uniforms(loaded.model, ids, plan, budget, own, log)
         uniforms = uniform_pairs = {c.name: (c.k, c.v) for c in chosen_uniforms}
         uniform_layers = {name: layer_choices(plan, pair) for name, pair in uniforms.items()}
-        screened = {"tokens": int(short.shape[1]), "k": k_screen, "v": v_screen}
     else:  # each engine dtype alone is itself a plan (its engine settings included)
         uniforms = engine_uniform_plans(profile, problem, tgt, budget, plan.objective, pricing_used, table)
         if plan.layer_dtypes and uniform_set == "all":  # and the best of each dtype the plugin serves, on every layer
-            from ..validation.baselines import best_uniforms, screen_length
-
-            short = ids[:1, :screen_length(own, int(ids.shape[1]))]
-            chosen_uniforms, k_screen, v_screen = best_uniforms(loaded.model, short, plan, budget,
-                                                                reads=plan_reads(plan), log=log)
-            screened = {"tokens": int(short.shape[1]), "k": k_screen, "v": v_screen}
+            chosen_uniforms, screened = _screened_uniforms(loaded.model, ids, plan, budget, own, log)
             for c in chosen_uniforms:
                 uniform_pairs[c.name] = (c.k, c.v)
                 uniforms.setdefault(c.name, per_layer_uniform_plan(plan, c, problem.damage, screened))

@@ -112,8 +112,7 @@ def per_layer_candidates(dtypes, budget, layers: list[dict], limit: float | None
     for d in dtypes:
         if (d.k_scheme, d.v_scheme) == ("none", "none"):
             continue
-        cost = sum(budget.cost(get_scheme(d.k_scheme), layer) + budget.cost(get_scheme(d.v_scheme), layer)
-                   for layer in layers)
+        cost = budget.layers_cost([(d.k_scheme, d.v_scheme)] * len(layers), layers)
         if cost <= limit * (1 + 1e-9):
             found.append(Uniform(d.k_scheme, d.v_scheme, cost, d.flag_value))
     found = maximal(found)

@@ -84,7 +84,7 @@ def test_batched_chunked_and_preempted_requests_get_their_tokens_alone(verdicts,
     assert v["ok"]
 
 
-def test_gemma_plans_agree_with_the_emulation_in_the_engine(vllm_python):
+def test_gemma_plans_agree_with_the_emulation_in_the_engine(vllm_python, tmp_path):
     """What `sensprof validate --engine vllm --seq-len 256` runs, on Gemma 3 270M, for its committed per-layer plan
     (8-bit keys and 6-bit values in per-token groups on every layer, its six KV-cache groups) and, in the same engine
     job, the hand-made plan that cycles vLLM's own fp8_e4m3 / fp8_e5m2 with every third layer auto (CPU_ATTN, through
@@ -109,7 +109,8 @@ def test_gemma_plans_agree_with_the_emulation_in_the_engine(vllm_python):
     loaded = load_for_plan(plan, None, "cpu", "float32", None, False)
     runs.append(vllm_cpu_mixed_run("gemma3-270m", loaded.model, tuple(range(0, len(plan.layers), 3))))
     ids = validation_windows(plan, loaded.tokenizer, None, 256)
-    rows = validate_with_engine(engine, runs, loaded, ids, os.devnull, family=2)
+    log = str(tmp_path / "engine.log")  # vLLM's output, written only when the engine fails
+    rows = validate_with_engine(engine, runs, loaded, ids, log, family=2)
     print("\n".join(f"{r['config']}: engine {r['engine_kl']:.3e}, emulated {r['emulated_kl']:.3e}, "
                     f"x{r['kl_ratio']:.2f} +- {r['kl_ratio_se']:.2f}, agrees {r['agrees']}" for r in rows))
     assert [r["config"] for r in rows] == ["plan", "per-layer mix"] and ids.shape == (2, 256)
