@@ -23,9 +23,9 @@ import tempfile
 def kind_texts() -> dict[str, str]:
     """Each kind of the mixture whole (records at a stride of about 450,000 characters: more than the mixture takes,
     so that windows of records alone do not repeat the mixture's), from the passages the mixture interleaves."""
-    from sensprof.corpus import KIND_SEPARATORS, kind_passages
+    from sensprof import corpus
 
-    return {kind: KIND_SEPARATORS[kind].join(p) for kind, p in kind_passages(record_chars=450_000).items()}
+    return corpus.kind_texts(record_chars=450_000)
 
 
 def summarise(tables: dict, ref: str = "mix") -> list[dict]:

@@ -5,14 +5,15 @@ does not hold?
 
     python benchmarks/plans_by_kind.py PROFILE PLANS_DIR --bits 3,4,5,6 \
         --uniforms int3_c64_r32_s4/int2_t64_r32_s4,int4_c64_r32_s4/int3_t64_r32_s4,... [--text NAME=FILE ...] \
-        [--seq-len 1024] [--windows 2] [--out by-kind.csv]
+        [--kinds prose,code,records] [--seq-len 1024] [--windows 2] [--out by-kind.csv]
 
-PLANS_DIR holds selected-<b>bits.json (benchmarks/plan_quality.py --plans-out); --uniforms gives one K/V pair per
-budget, in the order of --bits. Each kind gets --windows windows of --seq-len tokens (seed 12345), every
-configuration measured with all layers quantized at once, read as the plan reads. The lead is counted in the
-standard errors plan_lead uses (selection.paired_standard_error: the paired per-position KL difference over 8
-contiguous blocks a window). The kinds' windows are drawn from all of each kind's passages, so they may hold
-passages of the profile's own windows (the mixture holds a third of each kind's passages).
+PLANS_DIR holds <model>-selected-<b>bits.json or selected-<b>bits.json per budget (a results folder's plans/, or
+benchmarks/plan_quality.py --plans-out); --uniforms gives one K/V pair per budget, in the order of --bits; --kinds
+names the mixture's kinds to measure ("" for none: the --text ones only). Each kind gets --windows windows of
+--seq-len tokens (seed 12345), every configuration measured with all layers quantized at once, read as the plan
+reads. The lead is counted in the standard errors plan_lead uses (selection.paired_standard_error: the paired
+per-position KL difference over 8 contiguous blocks a window). The kinds' windows are drawn from all of each kind's
+passages, so they may hold passages of the profile's own windows (the mixture holds a third of each kind's passages).
 """
 
 from __future__ import annotations
@@ -26,6 +27,30 @@ import pandas as pd
 SEED = 12345
 
 
+def kinds_and_files(kinds: str, files: list[str]) -> dict[str, str]:
+    """{name: text}: the mixture's comma-separated `kinds`, then each NAME=FILE of `files`."""
+    from sensprof.corpus import kind_texts
+    from sensprof.errors import SensprofError
+
+    try:
+        texts = kind_texts(k for k in kinds.split(",") if k)
+    except SensprofError as e:
+        raise SystemExit(str(e)) from None
+    for item in files:
+        name, path = item.split("=", 1)
+        with open(path, encoding="utf-8") as f:
+            texts[name] = f.read()
+    return texts
+
+
+def plan_file(folder: str, bits: str, model: str) -> str:
+    """<model>-selected-<bits>bits.json in `folder` (a results folder's plans/), else selected-<bits>bits.json."""
+    for name in (f"{model}-selected-{bits}bits.json", f"selected-{bits}bits.json"):
+        if os.path.exists(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    raise SystemExit(f"{folder} holds neither {model}-selected-{bits}bits.json nor selected-{bits}bits.json")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("profile")
@@ -33,13 +58,13 @@ def main():
     ap.add_argument("--bits", required=True)
     ap.add_argument("--uniforms", required=True, help="K/V per budget, comma-separated, in the order of --bits")
     ap.add_argument("--text", action="append", default=[], metavar="NAME=FILE", help="another kind: a text file")
+    ap.add_argument("--kinds", default="prose,code,records", help="the mixture's kinds to measure, comma-separated")
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--windows", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
     from sensprof.artifacts import load_plan
-    from sensprof.corpus import KIND_SEPARATORS, kind_passages
     from sensprof.data import text_windows
     from sensprof.files import atomic_write_text
     from sensprof.models import load_for_profile
@@ -51,7 +76,7 @@ def main():
     if len(bits) != len(pairs):
         raise SystemExit("--uniforms takes one K/V pair per budget of --bits")
     meta = load_profile(args.profile, require_complete=True).meta
-    plans = {b: load_plan(os.path.join(args.plans_dir, f"selected-{b}bits.json")) for b in bits}
+    plans = {b: load_plan(plan_file(args.plans_dir, b, meta["model"]["id"])) for b in bits}
     first = plans[bits[0]]
     loaded = load_for_profile(first, meta)
     configs = {}
@@ -60,11 +85,7 @@ def main():
         configs[(b, "plan")] = list(plans[b].layers)
         configs[(b, pair)] = layer_choices(first, (k, v))
     named = {f"{b} {name}": layers for (b, name), layers in configs.items()}
-    texts = {kind: KIND_SEPARATORS[kind].join(p) for kind, p in kind_passages().items()}
-    for item in args.text:
-        name, path = item.split("=", 1)
-        with open(path, encoding="utf-8") as f:
-            texts[name] = f.read()
+    texts = kinds_and_files(args.kinds, args.text)
     rows = []
     for kind, body in texts.items():
         t0 = time.time()

@@ -70,6 +70,23 @@ def test_the_default_corpus_mixes_prose_code_and_records_passage_by_passage():
     assert sum(any(p in text for p in read(m)) for m in CODE_MODULES) >= len(CODE_MODULES) - 2  # to (nearly) its last
 
 
+def test_kind_texts_join_each_kind_named_and_refuse_one_the_mixture_lacks():
+    """Benchmarks measure kind by kind from kind_texts: each kind asked for, its passages joined as kind_passages
+    gives them; a kind the mixture lacks is one line naming the kinds there are."""
+    from sensprof.corpus import KIND_SEPARATORS, kind_passages, kind_texts
+    from sensprof.errors import SensprofError
+
+    each = kind_passages()
+    both = kind_texts(["records", "prose"])
+    assert list(both) == ["records", "prose"]
+    assert both["records"] == KIND_SEPARATORS["records"].join(each["records"])
+    assert both["prose"] == builtin_corpus(PYDOC_NAME)
+    assert list(kind_texts()) == ["prose", "code", "records"]
+    assert kind_texts([]) == {}
+    with pytest.raises(SensprofError, match="no kind html in the built-in mixture; choose from prose, code, records"):
+        kind_texts(["prose", "html"])
+
+
 def test_the_mixture_interleaves_the_passages_each_kind_is_read_from_alone():
     """One source for both: the mixture's passages are those `kind_passages` gives each kind (what the corpus_kinds
     benchmark profiles alone), prose, code and records in turn; more records when more are asked for."""
