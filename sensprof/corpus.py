@@ -119,7 +119,6 @@ def kind_passages(record_chars: int | None = None) -> dict[str, list[str]]:
     return {"prose": prose, "code": code, "records": records}
 
 
-
 def kind_texts(kinds=None, record_chars: int | None = None) -> dict[str, str]:
     """{kind: its passages joined} for the mixture's `kinds` (default all): text of one kind, to measure a plan or a
     cell on kind by kind."""
@@ -132,6 +131,7 @@ def kind_texts(kinds=None, record_chars: int | None = None) -> dict[str, str]:
                             f"{', '.join(KIND_SEPARATORS)}")
     each = kind_passages(record_chars) if kinds else {}
     return {kind: KIND_SEPARATORS[kind].join(each[kind]) for kind in kinds}
+
 
 def mixed_corpus() -> str:
     """Prose, code and records in turn, a passage of each, each kind spread over all its source (every topic, every
