@@ -7,9 +7,9 @@ the plan made does not hold there.
         [--text NAME=FILE ...] [--kinds prose,code,records] [--layers 0,5,11] [--seq-len 1024] [--windows 2] \
         [--out cells.csv]
 
-PLAN is any plan made from PROFILE: the model, the read regime and the layers' shapes come from it.
-Texts and windows as benchmarks/plans_by_kind.py takes and draws them (seed 12345). Prints, per layer, each scheme's KL on each kind
-and the step between the first two schemes over the profile's step (the figure a plan's trade rests on).
+PLAN is any plan made from PROFILE: the model, the read regime and the layers' shapes come from it. Texts and
+windows as benchmarks/plans_by_kind.py takes and draws them (its seed). Prints, per layer, each scheme's KL on each
+kind and the step between the first two schemes over the profile's step (the figure a plan's trade rests on).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import dataclasses
 import time
 
 import pandas as pd
-
-SEED = 12345
 
 
 def main():
@@ -37,7 +35,7 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    from plans_by_kind import kinds_and_files
+    from plans_by_kind import SEED, kinds_and_files
     from sensprof.artifacts import load_plan
     from sensprof.data import text_windows
     from sensprof.files import atomic_write_text
@@ -46,16 +44,15 @@ def main():
 
     plan = load_plan(args.plan)
     profile = plan_profile(plan, args.profile)
-    table = profile.table
     schemes = args.schemes.split(",")
     layers = [int(x) for x in args.layers.split(",")] if args.layers else list(range(len(plan.layers)))
     texts = kinds_and_files(args.kinds, args.text)
-
-    def profiled(layer, scheme):
-        row = table[(table.layer == layer) & (table.tensor == args.tensor) & (table.scheme == scheme)]
-        if row.empty:
-            raise SystemExit(f"the profile has no {args.tensor} {scheme} cell for layer {layer}")
-        return float(row.kl.iloc[0])
+    cells = profile.table[profile.table.tensor == args.tensor].set_index(["layer", "scheme"]).kl
+    missing = [(i, s) for i in layers for s in schemes if (i, s) not in cells.index]
+    if missing:  # before the model is loaded and any window measured
+        raise SystemExit(f"the profile has no {args.tensor} {missing[0][1]} cell for layer {missing[0][0]}; pass "
+                         "--schemes it measured and --layers below its layer count")
+    profiled = {(i, s): float(cells[(i, s)]) for i in layers for s in schemes}
 
     field = "k_scheme" if args.tensor == "K" else "v_scheme"
     bare = [dataclasses.replace(p, k_scheme="none", v_scheme="none") for p in plan.layers]
@@ -73,7 +70,7 @@ def main():
         m = measure(loaded.model, ids, {f"{i} {s}": c for (i, s), c in configs.items()}, reads=plan_reads(plan))
         for i, s in configs:
             rows.append({"kind": kind, "layer": i, "tensor": args.tensor, "scheme": s, "kl": m[f"{i} {s}"]["kl"],
-                         "profile_kl": profiled(i, s), "windows": int(ids.shape[0]), "seq_len": int(ids.shape[1])})
+                         "profile_kl": profiled[(i, s)], "windows": int(ids.shape[0]), "seq_len": int(ids.shape[1])})
         print(f"{kind}: {len(configs)} cells on {ids.shape[0]} x {ids.shape[1]} tokens ({time.time() - t0:.0f} s)",
               flush=True)
     df = pd.DataFrame(rows)
@@ -81,7 +78,7 @@ def main():
         a, b = schemes[:2]
         wide = df.pivot_table(index="layer", columns=["kind", "scheme"], values="kl")
         steps = pd.DataFrame({kind: wide[(kind, a)] - wide[(kind, b)] for kind in texts})
-        own = pd.Series({i: profiled(i, a) - profiled(i, b) for i in layers})
+        own = pd.Series({i: profiled[(i, a)] - profiled[(i, b)] for i in layers})
         print(f"\n{args.tensor} {a} - {b}, per layer: the profile's step, then each kind's over it")
         print(pd.concat([own.rename("profile"), steps.div(own, axis=0)], axis=1).to_string(
             float_format=lambda x: f"{x:.3g}"))
