@@ -53,8 +53,17 @@ Structure = Literal["free", "global_skip", "global", "global_kv", "per_layer"]
 
 # The dtypes sensprof's vLLM plugin gives a layer of its own, per platform (plugins/vllm, docs/vllm-plugin.md: checked
 # in the running engine on vLLM's CPU backend only; calibrated scales need a checkpoint kv_cache_scheme, which would
-# override the plan, so none are offered)
-PER_LAYER_DTYPES = {"cpu": ("auto", "fp8_e4m3", "fp8_e5m2")}
+# override the plan, so none are offered). On CUDA the plugin builds every layer on TRITON_ATTN, whose impl reads only
+# its own layer's dtype (vLLM 0.33 triton_attn.py:509, 560): not fp8_e5m2 (Attention.forward casts the query of any
+# fp8* layer and then asserts the dtype is fp8/fp8_e4m3, attention.py:471-520), no fp8 below SM89 (triton_attn.py:
+# 514-523: Ampere), no TurboQuant (its backend keeps the boundary-skip rule for a global dtype only) or nvfp4
+# (FlashInfer's 0.33 builder reads the global dtype). Not yet run on a GPU.
+_TRITON = ("auto", "fp8_e4m3", "fp8_per_token_head", "int8_per_token_head", "int4_per_token_head")
+PER_LAYER_DTYPES = {"cpu": ("auto", "fp8_e4m3", "fp8_e5m2"), "hopper": _TRITON, "blackwell": _TRITON,
+                    "ampere": ("auto", "int8_per_token_head", "int4_per_token_head")}
+# TRITON_ATTN casts an fp8_e4m3 layer's query to fp8 (unit scale) on every CUDA GPU (supports_quant_query_input,
+# triton_attn.py:553), so such a layer's keys are the query-cast scheme there, whatever backend one dtype would get
+PER_LAYER_K_SCHEME = {("fp8_e4m3", gpu): "fp8_e4m3_qfp8" for gpu in ("hopper", "blackwell")}
 # Keys and Values in their own formats, "k:<K>/v:<V>", served by the plugin's SENSPROF_KV backend (a pure-PyTorch
 # attention backend, checked on vLLM's CPU backend): each tensor as the model dtype (K only), fp8 (written as vLLM's
 # CPU backend writes fp8: unit scale, toward zero) or b-bit per-token groups (int<b>_t<g>, KIVI's value layout, which
@@ -194,14 +203,14 @@ def get_target(name: str, vllm_gpu: str | None = None, llamacpp_build: str | Non
         if not per_layer:
             return dataclasses.replace(target, dtypes=engine_dtypes(gpu, head_dims), gpu=gpu)
         if gpu not in PER_LAYER_DTYPES:
-            raise SensprofError(f"--per-layer plans are served by sensprof's vLLM plugin, checked on vLLM's CPU backend "
-                                f"only so far, not on {GPU_NAMES.get(gpu, gpu)}: plan with --vllm-gpu cpu, or drop "
-                                "--per-layer")
+            raise SensprofError(f"--per-layer plans are served by sensprof's vLLM plugin on vLLM's CPU backend and "
+                                f"on NVIDIA GPUs (CUDA), not on {GPU_NAMES.get(gpu, gpu)}: plan with --vllm-gpu "
+                                f"{' or '.join(PER_LAYER_DTYPES)}, or drop --per-layer")
         spelled = {"fp8": "fp8_e4m3"}  # the plugin names each layer's dtype in full (fp8 is e4m3 in vLLM)
         dtypes = (same("auto", "none"),) + tuple(
-            EngineDtype(spelled.get(d.flag_value, d.flag_value), d.k_scheme, d.v_scheme)
-            for d in engine_dtypes(gpu, head_dims)
-            if spelled.get(d.flag_value, d.flag_value) in PER_LAYER_DTYPES[gpu] and not d.needs_scales)
+            EngineDtype(f, PER_LAYER_K_SCHEME.get((f, gpu), d.k_scheme), d.v_scheme)
+            for d in engine_dtypes(gpu, head_dims) for f in (spelled.get(d.flag_value, d.flag_value),)
+            if f in PER_LAYER_DTYPES[gpu] and not d.needs_scales)
         return dataclasses.replace(target, structure="per_layer", dtypes=dtypes + pair_dtypes(gpu, head_dims), gpu=gpu,
                                    description="each layer its own KV dtype, or its K and V in their own formats, "
                                                "through sensprof's vLLM plugin")
@@ -237,6 +246,9 @@ def profile_menu(schemes: str | None, target: str | None, vllm_gpu: str | None, 
     both = [schemes] if schemes else []
     if target is not None and target != "sensprof":
         both += get_target(target, vllm_gpu, head_dims=head_dims, channel_order=channel_order).schemes_needed()
+        if target == "vllm":  # and the keys a per-layer plan's fp8 layers store there (TRITON_ATTN casts the query)
+            gpu = check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU)
+            both += [k for (_, g), k in PER_LAYER_K_SCHEME.items() if g == gpu]
     elif vllm_gpu is not None:
         raise SensprofError("--vllm-gpu needs --target vllm")
     pair_keys = ()

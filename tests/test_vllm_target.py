@@ -217,8 +217,58 @@ def test_per_layer_plan_for_vllms_cpu_backend_and_its_plugin_line(cpu_profile, c
     assert (PLUGIN_KEY, PLUGIN_FORMAT, PLUGIN_VERSION) == (mod.KEY, mod.FORMAT, mod.VERSION)
 
 
+def test_per_layer_dtypes_on_nvidia_gpus():
+    """On CUDA the plugin builds every layer on TRITON_ATTN: vLLM's dtypes it serves per layer, an fp8_e4m3 layer's
+    keys with the query cast to fp8 (TRITON_ATTN casts it on every CUDA GPU), no fp8 on Ampere, no pairs yet; a
+    --target vllm profile for a GPU holds those keys."""
+    from sensprof.targets import get_target, profile_menu
+
+    for gpu in ("hopper", "blackwell"):
+        dts = {d.flag_value: d.schemes for d in get_target("vllm", gpu, per_layer=True, head_dims=[64]).dtypes}
+        assert dts == {"auto": ("none", "none"), "fp8_e4m3": ("fp8_e4m3_qfp8", "fp8_e4m3"),
+                       **{f: (f, f) for f in ("fp8_per_token_head", "int8_per_token_head", "int4_per_token_head")}}
+        assert "fp8_e4m3_qfp8" in {s.name for s in profile_menu(None, "vllm", gpu, [64]).k}
+    assert {d.flag_value for d in get_target("vllm", "ampere", per_layer=True).dtypes} == \
+        {"auto", "int8_per_token_head", "int4_per_token_head"}
+
+
+def test_per_layer_plan_for_a_gpu(vllm_run, capsys, tmp_path):
+    """plan --vllm-gpu hopper --per-layer: each layer one of the dtypes TRITON_ATTN serves per layer, within the budget,
+    no worse by prediction than the one-dtype plan of the same budget; export prints the plugin's line, the KV bytes
+    vLLM 0.33 allocates per token (each layer's own page: one group on a dense model), and that no GPU has run it."""
+    import json
+    import shlex
+
+    from sensprof.engines.vllm import facts
+    from sensprof.targets import get_target
+
+    per, one = tmp_path / "per.json", tmp_path / "one.json"
+    base = ["plan", vllm_run.profile, "--target", "vllm", "--vllm-gpu", "hopper", "--avg-bits", "7",
+            "--select-measured", "0"]
+    rc, _, err = run_cli(capsys, *base, "--per-layer", "--out", per)
+    assert rc == 0, err
+    rc, _, err = run_cli(capsys, *base, "--out", one)
+    assert rc == 0, err
+    plan, global_plan = load_plan(str(per)), load_plan(str(one))
+    schemes = {d.flag_value: d.schemes for d in get_target("vllm", "hopper", per_layer=True).dtypes}
+    dtypes = plan.engine.layer_dtypes
+    assert set(dtypes) <= set(schemes) and len(set(dtypes)) > 1, dtypes  # between two dtypes' sizes: a mix
+    assert [(p.k_scheme, p.v_scheme) for p in plan.layers] == [schemes[d] for d in dtypes]
+    assert plan.predicted.avg_bits <= 7 + 1e-9
+    assert plan.predicted.damage <= global_plan.predicted.damage * (1 + 1e-9)
+    rc, out, err = run_cli(capsys, "export", per, "--format", "vllm")
+    assert rc == 0, err
+    line = next(ln for ln in out.splitlines() if ln.startswith("vllm serve"))
+    argv = shlex.split(line)
+    parsed = plugin_plan_module().plan_from_additional_config(json.loads(argv[argv.index("--additional-config") + 1]))
+    assert list(parsed.layers) == list(dtypes)
+    own = sum(facts.page_bytes_per_token(d, p.kv_heads, p.head_dim) for d, p in zip(dtypes, plan.layers))
+    assert f"{own:,} bytes/token" in out.replace("B/token", "bytes/token") or f"{own} bytes/token" in out, out
+    assert "not yet run on a GPU" in out
+
+
 @pytest.mark.parametrize("extra, match", [
-    (["--vllm-gpu", "hopper", "--per-layer"], "checked on vLLM's CPU backend only so far"),
+    (["--vllm-gpu", "rocm", "--per-layer"], "not on ROCm"),
     (["--vllm-gpu", "cpu", "--per-layer", "--num-skip", "1"], "drop one of them"),
 ])
 def test_per_layer_refusals(cpu_profile, capsys, extra, match):

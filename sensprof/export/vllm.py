@@ -229,6 +229,10 @@ def command(plan: Plan, opts, loaded, name: str, model_path: str) -> tuple[list[
     if plan.layer_dtypes:
         lines.append(f"# each layer its own KV dtype through sensprof's vLLM plugin: {PLUGIN_INSTALL}; it refuses "
                      "at start-up a model, vLLM or platform the plan was not made for")
+        if plan.engine.vllm_gpu != "cpu":
+            lines.append("# on CUDA (vllm 0.33/0.34) the plugin builds every layer on TRITON_ATTN, which reads only "
+                         "its own layer's dtype; this is not yet run on a GPU: check each layer's log line "
+                         "(sensprof plan: layer N ... backend=TRITON_ATTN) and `sensprof validate --engine vllm` there")
         if pool is not None:
             lines.append(f"# vLLM's KV pool (its CPU page/block arithmetic, docs/vllm-plugin.md): "
                          f"{pool.bytes_per_token:,.0f} bytes/token at bf16 in {len(pool.groups)} KV cache group"

@@ -294,7 +294,11 @@ def _plan_per_layer(problem: Problem, target: Target, budget: Budget) -> Solutio
             for i in range(n) for d in range(len(dts))}
     _require_feasible(sum(min(cost[(i, d)] for d in range(len(dts))) for i in range(n)), budget, layers, target)
     windows = [layer.get("window") if layer.get("kind") == "sliding" else None for layer in layers]
-    hybrid = target.gpu == "cpu" and len(set(windows)) > 1
+    hybrid = len(set(windows)) > 1
+    if hybrid and target.gpu != "cpu":  # vLLM 0.33 unifies such pages on CUDA by its own rules (facts.plan_pool)
+        raise SensprofError(f"per-layer plans of sliding-window models are served on vLLM's CPU backend only so far, "
+                            f"not on {target.gpu}: plan this model with --vllm-gpu cpu --per-layer, or drop "
+                            "--per-layer for one dtype plus skipped layers")
     best = None
     # a hybrid model (sliding-window and full layers): vLLM pads pages and groups (budget.vllm_cpu_pool); the plan
     # takes only assignments it pads nothing in, at every model dtype it is served at, so the price is the allocation

