@@ -6,7 +6,7 @@
 #   vllm target (every vLLM 0.33 dtype on Hopper, vLLM's boundary layers kept): 4.5 (the least any dtype fits in), 5, 6 and 8 bits, from
 #   `sensprof profile --target vllm` (profiles/smollm2-135m-vllm);
 #   vllm on its CPU backend (--vllm-gpu cpu): 8 and 9 bits, each run in vLLM itself beside sensprof's emulation
-#   (`sensprof validate --engine vllm`), and per layer through sensprof's vLLM plugin at 6 and 8 bits;
+#   (`sensprof validate --engine vllm`), and per layer through sensprof's vLLM plugin at 6 and 8 bits (and for Hopper at 6);
 #   llama.cpp: 6 bits, checked in llama.cpp itself (`sensprof validate --engine llamacpp`);
 #   Gemma 3 270M (the second real model, where its package is installed): sensprof target, 4 and 5 bits, and vllm at
 #   6 bits, each chosen by measurement (--select-measured 2).
@@ -45,6 +45,11 @@ for bits in 6 8; do
   sensprof export "$plan" --format vllm > "${plan%.json}.vllm.txt"
 done
 python benchmarks/vllm_per_layer_value.py "$cprofile" --avg-bits 6,8,10 --seq-len 1024
+# ... and per layer for a Hopper GPU (every layer on TRITON_ATTN through the plugin; emulated: no GPU here)
+plan=plans/smollm2-135m-vllm-hopper-per-layer-6bits.json
+sensprof plan "$vprofile" --target vllm --vllm-gpu hopper --per-layer --avg-bits 6 --out "$plan" > /dev/null
+sensprof export "$plan" --format vllm > "${plan%.json}.vllm.txt"
+python benchmarks/vllm_per_layer_value.py "$vprofile" --vllm-gpu hopper --avg-bits 5,6,7,8,9,10 --seq-len 1024
 # llama.cpp (llama-cpp-python, CPU): planned for it and checked in the running engine
 lprofile=profiles/smollm2-135m-llamacpp
 sensprof profile --model smollm2-135m --target llamacpp --out "$lprofile" --quiet
