@@ -80,7 +80,9 @@ def test_batched_chunked_and_preempted_requests_get_their_tokens_alone(verdicts,
     assert v["pressure_alone_tokens_equal_roomy"]
     assert v["pressure_together_same_up_to_near_ties"], v
     assert len(v["batched_near_tie_flips"]) <= 1 and len(v["pressure_together_near_tie_flips"]) <= 1, v
-    assert v["pressure_alone_logprob_diff"] < 1e-4  # chunked prefill and 32-token pages change nothing
+    # chunked prefill and 32-token pages move log-probabilities no more than a batch does on the same engine (exactly
+    # nothing on most plans and machines; see vllm_plugin_pressure.ALONE_BOUND)
+    assert v["pressure_alone_logprob_diff"] <= v["pressure_alone_bound"], v
     assert v["ok"]
 
 
