@@ -127,7 +127,7 @@ def measure_emulated(args, work: str) -> None:
     """The GPU's plans and dtypes in sensprof's emulation, all configurations on the same windows in one pass each."""
     from sensprof.planning.plan import predicted_summary
     from sensprof.targets import get_target
-    from sensprof.validation.validate import layer_choices, measure as measure_configs
+    from sensprof.validation.validate import engine_dtype_alone, measure as measure_configs
 
     t0 = time.time()
     torch.set_grad_enabled(False)
@@ -140,12 +140,11 @@ def measure_emulated(args, work: str) -> None:
     ids, _, _ = load_windows(loaded.tokenizer, None, seq_len=args.seq_len, windows=args.windows, seed=args.seed)
     # every dtype vLLM runs on this GPU alone (with the layers it keeps itself), with the profile's calibration
     singles, notes = {}, {}
-    n = len(one.layers)
     for d in get_target("vllm", args.vllm_gpu, head_dims={p.head_dim for p in one.layers}).dtypes:
         name = f"vllm {d.flag_value}{' with scales' if d.needs_scales else ''}"
-        forced = set(d.forced_skips(n))
-        singles[name] = layer_choices(one, [("none", "none") if i in forced else d.schemes for i in range(n)])
-        notes[name] = d.flag_value + (f" (vLLM keeps layers {' '.join(map(str, sorted(forced)))})" if forced else "")
+        forced = d.forced_skips(len(one.layers))
+        singles[name] = engine_dtype_alone(one, d)
+        notes[name] = d.flag_value + (f" (vLLM keeps layers {' '.join(map(str, forced))})" if forced else "")
     configs = dict(singles)
     for (b, per_layer), p in plans.items():
         configs[_plan_name(b, per_layer)] = list(p.layers)

@@ -94,6 +94,7 @@ def check(name: str, layers: list[str], priced: float, roomy: dict, pressed: dic
     want, want_logprobs = [roomy["alone"][i] for i in PRESSED], [roomy["alone_logprobs"][i] for i in PRESSED]
     want_margins = [roomy["alone_margins"][i] for i in PRESSED]
     alone = most(pressed["alone_logprobs"], want_logprobs)
+    batch = most(roomy["together_logprobs"], roomy["alone_logprobs"])  # this engine's own batch variance
     batched = near_tie_flips(roomy["alone"], roomy["alone_logprobs"], roomy["alone_margins"], roomy["together"],
                              roomy["together_logprobs"])
     pressed_together = near_tie_flips(want, want_logprobs, want_margins, pressed["together"],
@@ -113,9 +114,9 @@ def check(name: str, layers: list[str], priced: float, roomy: dict, pressed: dic
         "pressure_together_same_up_to_near_ties": pressed_together is not None,
         "pressure_together_near_tie_flips": pressed_together,
         "pressure_alone_logprob_diff": alone,
-        "pressure_alone_bound": max(ALONE_BOUND, most(roomy["together_logprobs"], roomy["alone_logprobs"])),
+        "pressure_alone_bound": max(ALONE_BOUND, batch),
         "pressure_together_logprob_diff": most(pressed["together_logprobs"], want_logprobs),
-        "roomy_batch_logprob_diff": most(roomy["together_logprobs"], roomy["alone_logprobs"]),
+        "roomy_batch_logprob_diff": batch,
         "start_s": [roomy.get("start_s"), pressed.get("start_s")],
     }
     verdict["ok"] = (verdict["layers_as_planned"] and verdict["bytes_as_priced"]

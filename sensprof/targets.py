@@ -244,16 +244,16 @@ def profile_menu(schemes: str | None, target: str | None, vllm_gpu: str | None, 
     menus = menus or "default"
 
     both = [schemes] if schemes else []
+    gpu = check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU) if target == "vllm" else None
     if target is not None and target != "sensprof":
         both += get_target(target, vllm_gpu, head_dims=head_dims, channel_order=channel_order).schemes_needed()
-        if target == "vllm":  # and the keys a per-layer plan's fp8 layers store there (TRITON_ATTN casts the query)
-            gpu = check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU)
-            both += [k for (_, g), k in PER_LAYER_K_SCHEME.items() if g == gpu]
+        # and the keys a per-layer plan's fp8 layers store there (TRITON_ATTN casts the query)
+        both += [k for (_, g), k in PER_LAYER_K_SCHEME.items() if g == gpu]
     elif vllm_gpu is not None:
         raise SensprofError("--vllm-gpu needs --target vllm")
     pair_keys = ()
     if target == "vllm" and not schemes:  # the formats a per-layer plan may store K and V in with the plugin
-        pair_keys, pair_values = pair_profile_formats(check_vllm_gpu(vllm_gpu or DEFAULT_VLLM_GPU), head_dims)
+        pair_keys, pair_values = pair_profile_formats(gpu, head_dims)
         v_schemes = ",".join(dict.fromkeys(filter(None, [*(v_schemes or "").split(","), *pair_values]))) or None
     menu = parse_menu(",".join(both) or None, k_schemes, v_schemes, menus)
     if pair_keys:  # keys in per-token groups, added here: parse_menu refuses them from a user's key menu

@@ -37,6 +37,13 @@ def layer_choices(plan: Plan, pairs) -> list[LayerPlan]:
     return [dataclasses.replace(p, k_scheme=k, v_scheme=v) for p, (k, v) in zip(plan.layers, pairs)]
 
 
+def engine_dtype_alone(plan: Plan, d) -> list[LayerPlan]:
+    """The plan's layers with one engine dtype (targets.EngineDtype) on every layer but those the engine itself keeps
+    at the model dtype (its forced skips), as the engine serves that dtype alone by default."""
+    forced = set(d.forced_skips(len(plan.layers)))
+    return layer_choices(plan, [("none", "none") if i in forced else d.schemes for i in range(len(plan.layers))])
+
+
 def reference_configs(plan: Plan) -> dict[str, list[LayerPlan]]:
     """Uniform configurations to compare the plan with: the common ones and the target's own (each distinct
     choice once); for vLLM, each dtype alone with only the layers vLLM itself keeps (its default); for llama.cpp,
@@ -51,8 +58,7 @@ def reference_configs(plan: Plan) -> dict[str, list[LayerPlan]]:
             forced = set(d.forced_skips(n))
             note = f", vLLM keeps layers {' '.join(map(str, sorted(forced)))}" if forced else ", all layers"
             schemes = d.k_scheme if d.k_scheme == d.v_scheme else f"{d.k_scheme} / {d.v_scheme}"
-            configs.setdefault(f"vllm {d.flag_value} ({schemes}){note}", layer_choices(
-                plan, [("none", "none") if i in forced else d.schemes for i in range(n)]))
+            configs.setdefault(f"vllm {d.flag_value} ({schemes}){note}", engine_dtype_alone(plan, d))
     if plan.target == "sglang":
         for d in get_target("sglang").dtypes:
             if d.k_scheme != "none":

