@@ -3,7 +3,7 @@
 #   OMP_NUM_THREADS=2 python judge.py P5k --text HELP_HTML --seq-len 4096 --windows 2 --out html4096x2.csv PLAN3 PLAN4 PLAN5
 # Every distinct plan given, and each budget's best uniform setting (the 8-window table's), measured together on the
 # same windows as benchmarks/plans_by_kind.py draws them (seed 12345), with plans_by_kind's paired standard error.
-import argparse, hashlib, json, sys, time
+import argparse, json, time
 import pandas as pd
 from sensprof.artifacts import load_plan
 from sensprof.data import text_windows

@@ -1,6 +1,6 @@
-# As run: python predicted.py ../profile-3kinds-3to5bits.csv BITS [R]: the plan the profile's own KL figures choose at BITS (long-context
+# As run: python scripts/predicted.py profile-3kinds-3to5bits.csv BITS [R] (from the folder above): the plan the profile's own KL figures choose at BITS (long-context
 # bits, mean KL + R x spread per cell, an exact knapsack in half-bit steps) and its summed KL over the best uniform setting's.
-import pandas as pd, itertools, sys
+import pandas as pd, sys
 t = pd.read_csv(sys.argv[1]); budget=float(sys.argv[2]); r=float(sys.argv[3]) if len(sys.argv)>3 else 0
 t["cost"]=t.kl + r*t.kl_std
 L = sorted(t.layer.unique())
@@ -10,7 +10,6 @@ for l in L:
     opts[l] = [(a.bits+b.bits, a.cost+b.cost, a.scheme, b.scheme) for a in k.itertuples() for b in v.itertuples()]
 # DP over bits in 0.5 units
 cap = int(round(budget*2*len(L)*2))
-import math
 best = {0:(0.0,[])}
 for l in L:
     nb={}
