@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the context length the plan serves: its damage is priced there for the target's "
                             "reads (default min(4096, the model's positions); at least the profile's window), and "
                             "--avg-bits/--fraction as a cache of N tokens holds them (full-precision sinks, residual "
-                            "windows and incomplete groups at 16 bits; default: the long-context average)")
+                            "windows and incomplete groups at 16 bits, each layer weighed by the tokens it holds; default: "
+                            "the long-context average per token slot)")
 
     pl = sub.add_parser("plan", help="choose each layer's K and V scheme under a memory budget (integer program)")
     pl.add_argument("profile_dir", type=path_arg, help="directory written by `sensprof profile`")

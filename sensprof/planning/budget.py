@@ -17,7 +17,9 @@ class Budget:
     """kind: avg_bits (B), fraction (F of the 16-bit cache), or serving (GiB for S sequences of N tokens).
 
     `context_len`: price avg_bits / fraction as a cache of that many tokens holds them (full-precision sinks,
-    residual windows and incomplete groups at 16 bits); None: the long-context average, where they are free."""
+    residual windows and incomplete groups at 16 bits; each layer weighed by the tokens it holds, so that a
+    sliding-window layer, which holds only its window, counts for what it stores); None: the long-context average
+    per token slot, where they are free and every layer weighs the same."""
 
     kind: str
     value: float
@@ -51,7 +53,8 @@ class Budget:
         if self.kind in ("avg_bits", "fraction"):
             if self.context_len:
                 tokens = tokens_held(self.context_len, layer.get("kind"), layer.get("window"))
-                return bits_held_per_element(scheme, tokens, layer["kv_heads"], layer["head_dim"]) * elems
+                return bits_held_per_element(scheme, tokens, layer["kv_heads"], layer["head_dim"]) * elems \
+                    * self.held_share(layer)
             return bits_per_element(scheme, layer["head_dim"]) * elems
         tokens = tokens_held(self.max_model_len, layer.get("kind"), layer.get("window"))
         return self.max_num_seqs * layer_cache_bits(scheme, tokens, layer["kv_heads"], layer["head_dim"]) / 8
@@ -63,10 +66,21 @@ class Budget:
         return sum(self.cost(get_scheme(k), layer) + self.cost(get_scheme(v), layer)
                    for (k, v), layer in zip(pairs, layers))
 
+    def held_share(self, layer: dict) -> float:
+        """The share of --context-len tokens a layer holds (1 but for a sliding-window layer): its weight in an
+        average per held element."""
+        if not self.context_len:
+            return 1.0
+        return tokens_held(self.context_len, layer.get("kind"), layer.get("window")) / self.context_len
+
+    def elements(self, layers: list[dict]) -> float:
+        """K and V elements per token that the budget's average runs over, each layer weighed by held_share."""
+        return sum(2 * layer["kv_heads"] * layer["head_dim"] * self.held_share(layer) for layer in layers)
+
     def limit(self, layers: list[dict]) -> float:
         if self.kind == "serving":
             return self.value * GIB
-        elems = sum(2 * layer["kv_heads"] * layer["head_dim"] for layer in layers)
+        elems = self.elements(layers)
         bits = self.value if self.kind == "avg_bits" else self.value * MODEL_BITS
         return bits * elems
 
@@ -74,7 +88,7 @@ class Budget:
         """An amount in this budget's unit, as the user would type it (rounded up, so it is feasible)."""
         if self.kind == "serving":
             return f"--gpu-mem-gib {_ceil4(amount / GIB):.4g}"
-        elems = sum(2 * layer["kv_heads"] * layer["head_dim"] for layer in layers)
+        elems = self.elements(layers)
         if self.kind == "avg_bits":
             return f"--avg-bits {_ceil4(amount / elems):.4g}"
         return f"--fraction {_ceil4(amount / elems / MODEL_BITS):.4g}"

@@ -17,14 +17,15 @@ PROFILE_KEYS = ("settings", "window_slots", "text_files", "text")  # what a plan
 
 
 def held_avg_bits(layers, n_tokens: int) -> float:
-    """Average bits per element the plan's cache holds after n_tokens (memory.bits_held_per_element); a
-    sliding-window layer holds its window, as Budget(context_len=...) prices it."""
-    held = 0.0
+    """Average bits per element the plan's cache holds after n_tokens (memory.bits_held_per_element), each layer
+    weighed by the tokens it holds: a sliding-window layer holds its window, as Budget(context_len=...) prices it."""
+    held = elems = 0.0
     for p in layers:
         n = tokens_held(n_tokens, getattr(p, "kind", None), getattr(p, "window", None))
         held += sum(bits_held_per_element(get_scheme(s), n, p.kv_heads, p.head_dim) for s in (p.k_scheme, p.v_scheme)) \
-            * p.kv_heads * p.head_dim
-    return held / sum(2 * p.kv_heads * p.head_dim for p in layers)
+            * p.kv_heads * p.head_dim * n
+        elems += 2 * p.kv_heads * p.head_dim * n
+    return held / elems
 
 
 def build_plan(profile, solution, target: str, objective: str, budget, pricing=None, table=None) -> Plan:

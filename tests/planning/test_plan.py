@@ -191,6 +191,7 @@ def test_describe_and_default_path(plans):
     assert "target vllm" in text and f"kv_cache_dtype={plan.engine.kv_cache_dtype}" in text
     assert len(text.splitlines()) == 4 + len(plan.layers)  # + what the engine is predicted to measure (prediction.py)
     assert text.splitlines()[1].startswith("predicted KL ")
+    assert "per token slot: sliding-window layers hold less, --context-len N" in text.splitlines()[0]  # hybrid
     assert f" tokens (per-layer sum {plan.predicted.damage:.3e}" in text
     assert plan.default_path() == "plans/tiny-gemma3-vllm-10bits.json"
     assert plans["llamacpp"].default_path() == "plans/tiny-gemma3-llamacpp-0.4frac.json"
@@ -203,7 +204,10 @@ def test_plan_at_a_context_length(profile_dir, tmp_path):
     plan = make_plan(profile_dir, "sensprof", Budget("avg_bits", 6, context_len=80))
     p = plan.predicted
     assert p.context_len == 80 and p.avg_bits_at_context == pytest.approx(held_avg_bits(plan.layers, 80))
-    assert p.avg_bits_at_context <= 6 + 1e-9 and p.avg_bits_at_context >= p.avg_bits - 1e-9
+    assert p.avg_bits_at_context <= 6 + 1e-9
+    # its sliding layers hold 8 of the 80 tokens, so bits there are cheap: the plan spends more bits per token slot
+    # than 6 (the long-context average), and still holds no more than 6 bits per element at 80 tokens
+    assert p.avg_bits > 6
     assert plan.budget.context_len == 80 and plan.default_path() == "plans/tiny-gemma3-sensprof-6bits-at80.json"
     assert "held at 80 tokens" in plan.describe()
     assert p.pricing["context_len"] == 80 and p.pricing["reads"] == "streaming"  # its damage is priced there too
@@ -218,6 +222,36 @@ def test_plan_at_a_context_length(profile_dir, tmp_path):
     one = [dataclasses.replace(full, k_scheme="int4_c32", v_scheme="none")]
     assert held_avg_bits(one, 40) == pytest.approx(((32 * k + 8 * 16) / 40 + 16) / 2)
     assert held_avg_bits([dataclasses.replace(plan.layers[0], k_scheme="int4_c32", v_scheme="none")], 40) == 16
+
+
+def test_a_budget_at_a_length_weighs_each_layer_by_the_tokens_it_holds():
+    """On a hybrid model a sliding-window layer holds only its window: bits there cost less memory than on a full
+    layer, and an average per element held (what --avg-bits B --context-len N caps) must say so, or a plan that
+    moves bits onto the full layers stores more bytes than the uniform setting of the same average."""
+    from sensprof.memory import layer_cache_bits
+    from sensprof.planning.plan import held_avg_bits
+    from types import SimpleNamespace
+
+    layers = [{"index": 0, "kind": "sliding", "window": 256, "kv_heads": 1, "head_dim": 64},
+              {"index": 1, "kind": "full", "window": None, "kv_heads": 1, "head_dim": 64}]
+    budget = Budget("avg_bits", 4.0, context_len=1024)
+
+    def held_bytes(pairs):
+        return sum(layer_cache_bits(get_scheme(s), 256 if l["kind"] == "sliding" else 1024, 1, 64)
+                   for (k, v), l in zip(pairs, layers) for s in (k, v)) / 8
+
+    uniform = [("int4_c64", "int3_t64")] * 2
+    to_full = [("int2_c64", "int3_t64"), ("int6_c64", "int3_t64")]  # the same bits a slot, moved to the full layer
+    for pairs in (uniform, to_full):  # the budget's cost and held_avg_bits are the bytes held, in its unit
+        cost = budget.layers_cost(pairs, layers)
+        assert cost == pytest.approx(held_bytes(pairs) * 8 / 1024)
+        shaped = [SimpleNamespace(k_scheme=k, v_scheme=v, **l) for (k, v), l in zip(pairs, layers)]
+        assert held_avg_bits(shaped, 1024) == pytest.approx(cost / budget.elements(layers))
+    assert Budget("avg_bits", 4.0).layers_cost(to_full, layers) == Budget("avg_bits", 4.0).layers_cost(uniform, layers)
+    assert held_bytes(to_full) > held_bytes(uniform) and budget.layers_cost(to_full, layers) > \
+        budget.layers_cost(uniform, layers)
+    assert budget.elements(layers) == pytest.approx(2 * 64 * (256 / 1024 + 1))
+    assert budget.describe(budget.layers_cost(uniform, layers), layers) == "--avg-bits 4"
 
 
 # --------------------------------------------------------------------------- refused files

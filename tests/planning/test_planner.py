@@ -485,7 +485,9 @@ def test_context_len_prices_what_a_cache_of_that_length_holds():
     # 4 sinks + 32 recent + 28 of an incomplete group at 16 bits: 64 of 1024 tokens
     held = (960 * bits_per_element(resid, 64) + 64 * MODEL_BITS) / 1024
     assert at.cost(resid, full) == pytest.approx(held * 128) and at.cost(resid, full) > long.cost(resid, full) + 100
-    assert at.cost(resid, sliding) == pytest.approx(bits_held_per_element(resid, 256, 2, 64) * 128)  # its window
+    # a sliding layer holds its window, and weighs what it holds: 256 of the 1024 tokens a full layer holds
+    assert at.cost(resid, sliding) == pytest.approx(bits_held_per_element(resid, 256, 2, 64) * 128 * 256 / 1024)
+    assert at.limit([full, sliding]) == pytest.approx(4 * 2 * 128 * (1 + 256 / 1024))
     assert at.limit([full]) == long.limit([full])
     assert at.to_json()["context_len"] == 1024 and "context_len" not in long.to_json()
 
@@ -504,7 +506,7 @@ def test_planning_at_a_context_length_keeps_the_budget_there():
         return sum(at512.cost(get_scheme(k), problem.layers[i]) + at512.cost(get_scheme(v), problem.layers[i])
                    for i, (k, v) in enumerate(choices))
 
-    limit = Budget("avg_bits", 3.5).limit(problem.layers)
+    limit = Budget("avg_bits", 3.5, context_len=512).limit(problem.layers)  # 3.5 bits per element held at 512
     long_sol = plan(problem, target, Budget("avg_bits", 3.5))
     assert sum(k == "int2_c32_r32_s4" for k, _ in long_sol.choices) == 6  # priced at 3 bits, the best key everywhere
     assert held(long_sol.choices) > limit * 1.01  # ... but a 512-token cache holds more than the budget

@@ -95,11 +95,14 @@ def test_bits_held_at_a_length():
     # 1024 tokens: 4 sinks, the 32 most recent and the 28 of an incomplete group at 16 bits; 30 groups of 32 quantized
     assert config_bits_at(meta, pairs, 1024) == pytest.approx(((960 * k + 64 * 16) / 1024 + v + 16 + v) / 4)
     assert config_bits_at(meta, pairs, 1 << 20) == pytest.approx((k + v + 16 + v) / 4, rel=1e-3)
-    # a sliding-window layer holds its window (as Budget(context_len=...) prices it): 64 tokens, 2 whole groups
+    # a sliding-window layer holds its window (as Budget(context_len=...) prices it): 64 tokens, 2 whole groups,
+    # and weighs 64 tokens' worth against the full layer's 1000 in the average per element held
     meta["layers"][0].update(kind="sliding", window=64)
     kivi = [("int4_c32", "int4_t32"), ("none", "none")]
-    assert config_bits_at(meta, kivi, 1000) == pytest.approx((bits_per_element(get_scheme("int4_c32"), 64) + v
-                                                              + 32) / 4)
+    k4 = bits_per_element(get_scheme("int4_c32"), 64)
+    assert config_bits_at(meta, kivi, 1000) == pytest.approx((64 * (k4 + v) + 1000 * 32) / (2 * (64 + 1000)))
+    k1000 = (992 * k4 + 8 * 16) / 1000  # 31 whole groups of 32, 8 tokens waiting at 16 bits
+    assert config_bits_at(meta, kivi[::-1], 1000) == pytest.approx((64 * 32 + 1000 * (k1000 + v)) / (2 * (64 + 1000)))
 
 
 def test_sweep_every_uniform_and_report(menu_run, tmp_path):
