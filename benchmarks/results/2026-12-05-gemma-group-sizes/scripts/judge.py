@@ -1,8 +1,8 @@
 # As run (in the folder holding the profile PG and plans-*/ from plans.sh; HELP_HTML: idlelib/help.html):
 #   OMP_NUM_THREADS=2 python scripts/judge.py PG --text HELP_HTML --windows 8 --out html8.csv plans-at1024/*.json plans-long/*.json
-#   OMP_NUM_THREADS=2 python scripts/judge.py PG --text HELP_HTML --windows 8 --out html8-no-residual.csv \
-#       --uniforms 3=int4_c64/int3_t64,4=int5_c64/int4_t128,4=int5_c128/int4_t64,5=int6_c64/int5_t128,5=int6_c128/int5_t64 \
-#       plans-at1024/*-r0.json
+#   OMP_NUM_THREADS=2 python scripts/judge.py PG --text HELP_HTML --windows 8 --out html8-uniforms-at1024.csv \
+#       --uniforms "$(cat uniforms-at1024.txt)" plans-at1024/*.json     # the 12 uniform settings of ../README.md
+#   OMP_NUM_THREADS=2 python scripts/judge.py PG --text HELP_HTML --seq-len 4096 --windows 2 --out html4096x2.csv plans-at4096/*.json
 # Every distinct plan given and its budget's best uniform setting (the 8-window table's, by the whole bits of the
 # plan's name), measured together on the same windows as benchmarks/plans_by_kind.py draws them (seed 12345), with
 # its paired standard error (--uniforms B=K/V,...: these instead, each beside every B-bit plan), and each one's memory: the bits per element a cache of --seq-len tokens holds

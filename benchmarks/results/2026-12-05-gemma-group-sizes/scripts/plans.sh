@@ -6,7 +6,7 @@
 # --robust 0 and 2. plans-long: --avg-bits 3 / 4 / 5 as the earlier tables planned them (the long-context average
 # per token slot), --robust 0. Every plan chosen by prediction alone (--select-measured 0).
 set -euo pipefail
-mkdir -p plans-at1024 plans-long
+mkdir -p plans-at1024 plans-long plans-at4096
 declare -A AT=([3]=4.076 [4]=4.992 [5]=5.909)
 for b in 3 4 5; do
   for r in 0 2; do
@@ -15,4 +15,9 @@ for b in 3 4 5; do
   done
   sensprof plan PG --avg-bits $b --select-measured 0 --out plans-long/gemma3-270m-${b}bits-r0.json \
       > plans-long/plan-${b}bits-r0.log 2>&1
+done
+declare -A AT4096=([3]=3.579 [4]=4.534 [5]=5.489)
+for b in 3 4 5; do
+  sensprof plan PG --avg-bits ${AT4096[$b]} --context-len 4096 --select-measured 0 \
+      --out plans-at4096/gemma3-270m-${b}bits-r0.json > plans-at4096/plan-${b}bits-r0.log 2>&1
 done
