@@ -335,11 +335,13 @@ class Plan:
     def describe(self) -> str:
         """The plan as a person reads it: storage, prediction, engine settings, one line per layer."""
         p = self.predicted
+        held = ""
+        if p.context_len:
+            held = f"; {p.avg_bits_at_context:.2f} held at {p.context_len} tokens"
+        elif any(layer.kind == "sliding" for layer in self.layers):
+            held = "; per token slot: sliding-window layers hold less, --context-len N prices what N tokens hold"
         lines = [f"plan for {self.model_id} -> target {self.target}: {p.avg_bits:.2f} bits/element "
-                 f"({p.fraction_of_bf16:.3f} of bf16, {p.bytes_per_token:,.0f} bytes/token"
-                 + (f"; {p.avg_bits_at_context:.2f} held at {p.context_len} tokens" if p.context_len else
-                    "; per token slot: sliding-window layers hold less, --context-len N prices what N tokens hold"
-                    if any(layer.kind == "sliding" for layer in self.layers) else "")
+                 f"({p.fraction_of_bf16:.3f} of bf16, {p.bytes_per_token:,.0f} bytes/token{held}"
                  + f"), predicted {self.objective} {p.damage:.3e}; solver {self.solver.status} in "
                    f"{self.solver.time_s:.2f} s"]
         serving = serving_line(self)

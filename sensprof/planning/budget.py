@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..constants import GIB
 from ..errors import SensprofError
-from ..memory import MODEL_BITS, bits_held_per_element, bits_per_element, layer_cache_bits, tokens_held
+from ..memory import MODEL_BITS, bits_per_element, layer_cache_bits, tokens_held
 from ..schemes import QuantScheme
 
 
@@ -51,10 +51,9 @@ class Budget:
         """What one tensor (K or V) of one layer costs, in this budget's unit."""
         elems = layer["kv_heads"] * layer["head_dim"]
         if self.kind in ("avg_bits", "fraction"):
-            if self.context_len:
+            if self.context_len:  # the bits the layer holds at that length, per token of it (held_share's weight)
                 tokens = tokens_held(self.context_len, layer.get("kind"), layer.get("window"))
-                return bits_held_per_element(scheme, tokens, layer["kv_heads"], layer["head_dim"]) * elems \
-                    * self.held_share(layer)
+                return layer_cache_bits(scheme, tokens, layer["kv_heads"], layer["head_dim"]) / self.context_len
             return bits_per_element(scheme, layer["head_dim"]) * elems
         tokens = tokens_held(self.max_model_len, layer.get("kind"), layer.get("window"))
         return self.max_num_seqs * layer_cache_bits(scheme, tokens, layer["kv_heads"], layer["head_dim"]) / 8

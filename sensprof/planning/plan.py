@@ -10,22 +10,20 @@ from ..artifacts import LayerPlan, Plan, Predicted, SolverRecord, engine_setting
 from ..constants import GIB
 from ..errors import SensprofError
 from ..engines.vllm import facts
-from ..memory import bits_held_per_element, tokens_held
-from ..schemes import get_scheme
+from ..memory import MODEL_BITS
+from .budget import Budget
 
 PROFILE_KEYS = ("settings", "window_slots", "text_files", "text")  # what a plan keeps of its profile's meta.json
 
 
 def held_avg_bits(layers, n_tokens: int) -> float:
-    """Average bits per element the plan's cache holds after n_tokens (memory.bits_held_per_element), each layer
-    weighed by the tokens it holds: a sliding-window layer holds its window, as Budget(context_len=...) prices it."""
-    held = elems = 0.0
-    for p in layers:
-        n = tokens_held(n_tokens, getattr(p, "kind", None), getattr(p, "window", None))
-        held += sum(bits_held_per_element(get_scheme(s), n, p.kv_heads, p.head_dim) for s in (p.k_scheme, p.v_scheme)) \
-            * p.kv_heads * p.head_dim * n
-        elems += 2 * p.kv_heads * p.head_dim * n
-    return held / elems
+    """Average bits per element the plan's cache holds after n_tokens, as Budget(context_len=n_tokens) prices it:
+    sinks, residual windows and incomplete groups at 16 bits, each layer weighed by the tokens it holds (a
+    sliding-window layer its window)."""
+    at = Budget("avg_bits", MODEL_BITS, context_len=n_tokens)  # only its pricing is used, not its value
+    shapes = [{"kv_heads": p.kv_heads, "head_dim": p.head_dim, "kind": getattr(p, "kind", None),
+               "window": getattr(p, "window", None)} for p in layers]
+    return at.layers_cost([(p.k_scheme, p.v_scheme) for p in layers], shapes) / at.elements(shapes)
 
 
 def build_plan(profile, solution, target: str, objective: str, budget, pricing=None, table=None) -> Plan:
