@@ -3,7 +3,8 @@
 A uniform configuration gives every layer one K scheme and one V scheme, so it needs no profile cells: it is
 measured directly (sensprof.validation.baselines). The free target (sensprof's runtime) stores any format of the
 registry, not only the profile's menus: keys per channel over 32/64/128-token groups, values per token over
-32/64/128-channel groups, 2 to 8 bits, each with and without 4 sink tokens and a 32-token residual window; fp8 and
+32/64/128-channel groups, 2 to 8 bits, each plain, with 4 sink tokens, or with 4 sink tokens and a 32-token residual
+window (a model whose values need sinks but no recent window pays 32 tokens less); fp8 and
 int8 per token-head; either tensor left unquantized. Within a budget most of those are beaten by construction: one
 that fits beside a configuration of the same layouts with at least as many bits, groups no larger and at least as many
 full-precision sink and recent tokens on both tensors is never the one to beat (quantization error only shrinks
@@ -21,7 +22,6 @@ from ..schemes import get_scheme
 BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
 EXTRAS = ("", "_s4", "_r32_s4")  # as the default key menu spells them: 4 sinks, 4 sinks and 32 recent tokens
-VALUE_EXTRAS = ("", "_r32_s4")
 PER_TOKEN_HEAD = ("fp8_e4m3", "fp8_e5m2", "int8_per_token_head")
 
 
@@ -53,7 +53,7 @@ def value_schemes(head_dims) -> list[str]:
     (a wider one is that head's width again), per token-head, or none."""
     narrowest = min(head_dims)
     groups = [g for g in GROUPS if g <= narrowest] or [narrowest]
-    return ["none", *PER_TOKEN_HEAD, *(f"int{b}_t{g}{e}" for b in BITS for g in groups for e in VALUE_EXTRAS)]
+    return ["none", *PER_TOKEN_HEAD, *(f"int{b}_t{g}{e}" for b in BITS for g in groups for e in EXTRAS)]
 
 
 def at_least_as_precise(a: str, b: str) -> bool:

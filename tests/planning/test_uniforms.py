@@ -19,7 +19,7 @@ def test_every_stored_layout_is_a_candidate_not_only_the_menus():
     keys, values = key_schemes({64}), value_schemes({64})
     for k in ("int4_c64", "int4_c64_r32_s4", "int3_c128_s4", "int8_c32", "fp8_e4m3", "none"):
         assert k in keys
-    for v in ("int5_t64", "int4_t32_r32_s4", "fp8_e5m2", "none"):
+    for v in ("int5_t64", "int4_t32_r32_s4", "int4_t64_s4", "fp8_e5m2", "none"):
         assert v in values
     assert "int4_t128" not in values  # a 128-channel group on a 64-wide head is the 64 one again
     assert "int4_t128" in value_schemes({256})
