@@ -126,17 +126,18 @@ def main():
         ids = text_windows(loaded.tokenizer, body, kind, args.seq_len, args.windows, SEED)[0]
         m = measure(loaded.model, ids, named, reads=plan_reads(first), per_token=True)
         for (b, path) in plans:
-            p = m[f"{b} {path}"]
+            p, mine = m[f"{b} {path}"], []
             for pair in uniforms[b]:
                 u = m[f"{b} {pair}"]
                 se = paired_standard_error(p["kl_tokens"] - u["kl_tokens"])[0]
-                rows.append({"model": meta["model"]["id"], "kind": kind, "bits": float(b), "plan": path,
+                mine.append({"model": meta["model"]["id"], "kind": kind, "bits": float(b), "plan": path,
                              "plan_kl": p["kl"], "uniform": pair, "uniform_kl": u["kl"],
                              "plan_over_uniform": p["kl"] / u["kl"],
                              "lead_in_standard_errors": (u["kl"] - p["kl"]) / se,
                              "plan_bits_held": held[f"{b} {path}"], "uniform_bits_held": held[f"{b} {pair}"],
                              "windows": int(ids.shape[0]), "seq_len": int(ids.shape[1])})
-            best = min((r for r in rows if r["kind"] == kind and r["plan"] == path), key=lambda r: r["uniform_kl"])
+            rows += mine
+            best = min(mine, key=lambda r: r["uniform_kl"])
             print(f"{kind:8} {b} bits {os.path.basename(path)}: plan {best['plan_kl']:.3e} "
                   f"({best['plan_bits_held']:.4f} bits held), best uniform {best['uniform']} {best['uniform_kl']:.3e} "
                   f"({best['uniform_bits_held']:.4f}): x{best['plan_over_uniform']:.3f}, "

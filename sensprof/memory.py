@@ -75,11 +75,5 @@ def tokens_held(n_tokens: int, kind: str | None, window: int | None) -> int:
     return min(n_tokens, int(window)) if kind == "sliding" and window else n_tokens
 
 
-def bits_held_per_element(scheme: QuantScheme, n_tokens: int, kv_heads: int, head_dim: int) -> float:
-    """Average bits per element a cache of n_tokens holds: the long-context average plus the full-precision sink,
-    residual and incomplete-group tokens (and constant scales) that it leaves out."""
-    return layer_cache_bits(scheme, n_tokens, kv_heads, head_dim) / (n_tokens * kv_heads * head_dim)
-
-
 def layer_cache_bytes(scheme: QuantScheme, n_tokens: int, kv_heads: int, head_dim: int) -> int:
     return math.ceil(layer_cache_bits(scheme, n_tokens, kv_heads, head_dim) / 8)

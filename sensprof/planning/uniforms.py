@@ -21,7 +21,7 @@ from ..schemes import get_scheme
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
-EXTRAS = ("", "_s4", "_r32_s4")  # as the default key menu spells them: 4 sinks, 4 sinks and 32 recent tokens
+EXTRAS = ("", "_s4", "_r32_s4")  # keys and values alike: plain, 4 sinks, 4 sinks and 32 recent tokens
 PER_TOKEN_HEAD = ("fp8_e4m3", "fp8_e5m2", "int8_per_token_head")
 
 

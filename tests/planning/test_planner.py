@@ -475,8 +475,6 @@ def test_serving_cost_matches_layer_cache_bits_with_residual_tokens():
 
 
 def test_context_len_prices_what_a_cache_of_that_length_holds():
-    from sensprof.memory import bits_held_per_element
-
     full = {"kv_heads": 2, "head_dim": 64, "kind": "full", "window": None}
     sliding = {"kv_heads": 2, "head_dim": 64, "kind": "sliding", "window": 256}
     long, at = Budget("avg_bits", 4), Budget("avg_bits", 4, context_len=1024)
@@ -485,8 +483,10 @@ def test_context_len_prices_what_a_cache_of_that_length_holds():
     # 4 sinks + 32 recent + 28 of an incomplete group at 16 bits: 64 of 1024 tokens
     held = (960 * bits_per_element(resid, 64) + 64 * MODEL_BITS) / 1024
     assert at.cost(resid, full) == pytest.approx(held * 128) and at.cost(resid, full) > long.cost(resid, full) + 100
-    # a sliding layer holds its window, and weighs what it holds: 256 of the 1024 tokens a full layer holds
-    assert at.cost(resid, sliding) == pytest.approx(bits_held_per_element(resid, 256, 2, 64) * 128 * 256 / 1024)
+    # a sliding layer holds its window, and weighs what it holds: 256 of the 1024 tokens a full layer holds; of its
+    # 256, 4 sinks + 32 recent + 28 of an incomplete group wait at 16 bits, 6 groups of 32 are quantized
+    held_window = (192 * bits_per_element(resid, 64) + 64 * MODEL_BITS) / 256
+    assert at.cost(resid, sliding) == pytest.approx(held_window * 128 * 256 / 1024)
     assert at.limit([full, sliding]) == pytest.approx(4 * 2 * 128 * (1 + 256 / 1024))
     assert at.limit([full]) == long.limit([full])
     assert at.to_json()["context_len"] == 1024 and "context_len" not in long.to_json()
