@@ -139,9 +139,9 @@ def _profiled_model(model, tokenizer, device, dtype, device_map, trust_remote_co
 
 
 def _check_sinks_outgrown(menus: str | None, windows: list[int], seq_len: int) -> None:
-    """--menus long holds only schemes with sink tokens; a sliding-window layer the profile never outgrows is priced
-    for longer contexts by the same layouts without sinks (sensprof.planning.pricing.sinkless_pricing), which that
-    menu lacks: refused before minutes of profiling."""
+    """--menus long's values (and most of its keys) keep sink tokens; a sliding-window layer the profile never
+    outgrows is priced for longer contexts by the same layouts without sinks (sensprof.planning.pricing.
+    sinkless_pricing), which that menu lacks: refused before minutes of profiling."""
     if menus == "long" and windows and max(windows) >= seq_len:
         w = max(windows)
         raise SensprofError(f"--menus long keeps sink tokens that a sliding-window layer of {w} tokens loses at "

@@ -268,8 +268,8 @@ def test_kv_absmax_is_the_calibration_the_profile_records(arch_run):
 
 def test_long_menus_profile_only_the_layouts_that_win_at_length(tiny_tokenizer, tmp_path, capsys):
     """`profile --menus long`: the sink-and-residual 64-token layouts (and 32-token keys at 2-3 bits) on both
-    tensors, planned like any profile; refused where a sliding-window layer would outgrow the sinks the profile
-    measured, and beside an engine target."""
+    tensors, and keys without them, planned like any profile; refused where a sliding-window layer would outgrow
+    the sinks the profile measured, and beside an engine target."""
     from conftest import one_error_line, run_cli
 
     from sensprof import api
@@ -282,7 +282,10 @@ def test_long_menus_profile_only_the_layouts_that_win_at_length(tiny_tokenizer, 
     t = prof.table
     assert set(t[t.tensor == "K"].scheme) == set(LONG_K_SCHEMES)
     assert set(t[t.tensor == "V"].scheme) == set(LONG_V_SCHEMES)
-    assert all(s.endswith("_r32_s4") for s in t.scheme) and len(t) == 3 * (len(LONG_K_SCHEMES) + len(LONG_V_SCHEMES))
+    assert len(t) == 3 * (len(LONG_K_SCHEMES) + len(LONG_V_SCHEMES))
+    assert all(s.endswith("_r32_s4") for s in t[t.tensor == "V"].scheme)
+    plain = {s for s in t[t.tensor == "K"].scheme if not s.endswith("_r32_s4")}
+    assert plain == {"int3_c64", "int4_c64", "int5_c64", "int6_c64", "int8_c64", "int3_c128", "int4_c128"}
     assert prof.meta["settings"]["k_schemes"] == list(LONG_K_SCHEMES)
     assert main(["plan", str(tmp_path / "p"), "--avg-bits", "5", "--select-measured", "0", "--out",
                  str(tmp_path / "plan.json")]) == 0
