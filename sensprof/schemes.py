@@ -209,9 +209,8 @@ DEFAULT_V_SCHEMES = tuple([f"int{b}_t{g}" for b in (2, 3, 4, 5, 6, 8) for g in (
 # 64-token key groups and 64-channel value groups, 2 to 8 bits, each with 4 sink tokens and a 32-token residual
 # window, plus 32-token key groups at 2 and 3 bits - and keys without the sinks and window (64-token groups at 3 to
 # 8 bits, 128-token groups at 3 and 4): what the sinks and window buy a key differs by layer more than any other
-# choice measured, and per-layer plans that may drop them measured 0.36-0.43x the best uniform setting on SmolLM2
-# and 0.49-0.60x on Gemma 3 270M at 3-5 bits (docs/plan-quality.md), for a profile at the length it serves
-# (1024 tokens, one window).
+# choice measured, and SmolLM2-135M's per-layer plans that may drop them measured 0.41-0.47x the best uniform
+# setting found at 3-6 bits and 1024 tokens (docs/plan-quality.md) - for a profile at the length it serves.
 LONG_K_SCHEMES = tuple([f"int{b}_c64_r32_s4" for b in (2, 3, 4, 5, 6, 8)] + ["int2_c32_r32_s4", "int3_c32_r32_s4"]
                        + [f"int{b}_c64" for b in (3, 4, 5, 6, 8)] + ["int3_c128", "int4_c128"])
 LONG_V_SCHEMES = tuple(f"int{b}_t64_r32_s4" for b in (2, 3, 4, 5, 6, 8))
