@@ -297,15 +297,16 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     lengths = validation_lengths(result, seq_len, loaded.model)
     baselines = None
     if engine is None and (result.target == "sensprof" or result.layer_dtypes):  # every uniform setting the target
-        # stores in the plan's memory (a per-layer vLLM plan: each dtype the plugin serves, on every layer)
-        from .validation.baselines import baseline_configs, best_uniforms, plan_cost, recorded_screen, screen_length
+        # stores in the plan's budget (a per-layer vLLM plan: each dtype the plugin serves, on every layer)
+        from .validation.baselines import (baseline_configs, baseline_limit, best_uniforms, recorded_screen,
+                                           screen_length)
         from .validation.validate import plan_reads
 
         own = int(result.profile.settings.get("seq_len") or lengths[0])
         short = validation_windows(result, loaded.tokenizer, 1, screen_length(own, max(lengths)), user_text)
         known = None if user_text else recorded_screen(result, int(short.shape[1]))  # the selection's, reused
-        chosen, _, _ = best_uniforms(loaded.model, short, result, limit=plan_cost(result), reads=plan_reads(result),
-                                     log=log, known=known)
+        chosen, _, _ = best_uniforms(loaded.model, short, result, limit=baseline_limit(result),
+                                     reads=plan_reads(result), log=log, known=known)
         baselines = baseline_configs(result, chosen)
     for n in lengths:
         if engine is not None:

@@ -33,8 +33,19 @@ def layer_info(layers) -> list[dict]:
 
 
 def plan_cost(plan: Plan) -> float:
-    """What the plan's cache costs in its own budget's unit: the memory a baseline may not exceed."""
+    """What the plan's cache costs in its own budget's unit."""
     return plan.budget.layers_cost([(p.k_scheme, p.v_scheme) for p in plan.layers], layer_info(plan.layers))
+
+
+def baseline_limit(plan: Plan) -> float:
+    """The memory a baseline may use: the budget the plan was made for, which a user could have spent on a uniform
+    setting instead (a plan often holds a few thousandths of a bit less, and the setting that defines the budget
+    would otherwise never be tried), or the plan's own cost where that is more, or where its budget is nominal (a
+    plan made by hand)."""
+    own = plan_cost(plan)
+    if plan.solver.status == "hand-made":
+        return own
+    return max(own, plan.budget.limit(layer_info(plan.layers)))
 
 
 def screen(model, ids, plan: Plan, configs: list[Uniform], reads: str, log=None, known=None) -> tuple[dict, dict]:

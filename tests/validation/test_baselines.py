@@ -13,8 +13,8 @@ from sensprof.models import describe_layers
 from sensprof.planning.budget import Budget
 from sensprof.planning.uniforms import candidates
 from sensprof.schemes import get_scheme
-from sensprof.validation.baselines import (baseline_configs, best_uniforms, layer_info, plan_cost, screen,
-                                           screen_length)
+from sensprof.validation.baselines import (baseline_configs, baseline_limit, best_uniforms, layer_info, plan_cost,
+                                           screen, screen_length)
 from sensprof.validation.validate import layer_choices, measure
 
 
@@ -53,6 +53,24 @@ def test_best_uniforms_are_the_least_summed_screen_within_the_memory(tiny):
     assert list(configs) == [f"best uniform {c.k} / {c.v}" for c in chosen]
     measured = measure(model, ids, configs)  # a baseline from outside any menu measures like any configuration
     assert all(m["kl"] >= 0 for m in measured.values())
+
+
+def test_a_baseline_may_spend_the_plans_budget(tiny):
+    """A planned plan holding a little less than its budget is judged against every uniform setting within the
+    budget (the one that defines it included); a hand-made plan's nominal 16-bit budget is not a limit."""
+    import dataclasses
+
+    _, _, plan = tiny
+    info = layer_info(plan.layers)
+    planned = plan.replace(solver=dataclasses.replace(plan.solver, status="Optimal"),
+                           budget=Budget("avg_bits", 5.3, context_len=96))
+    assert plan_cost(planned) < planned.budget.limit(info)
+    assert baseline_limit(planned) == pytest.approx(planned.budget.limit(info))
+    defining = candidates(planned.budget, info, baseline_limit(planned))
+    assert any(c.cost > plan_cost(planned) for c in defining)  # settings the plan's own memory would exclude
+    assert baseline_limit(plan) == plan_cost(plan)  # hand-made: its own memory
+    over = planned.replace(budget=Budget("avg_bits", 2.0, context_len=96))  # a budget the plan exceeds
+    assert baseline_limit(over) == pytest.approx(plan_cost(over))
 
 
 def test_the_screen_sees_what_long_groups_quantize():
