@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# As run: bash <this folder>/scripts/judge-r1.sh, in the folder holding the profile PS and plans/ (../README.md).
+REPO=$(cd "$(dirname "$0")/../../../.." && pwd)  # the repository root
+H=$(python -c "import idlelib,os; print(os.path.join(os.path.dirname(idlelib.__file__),'help.html'))")
+OMP_NUM_THREADS=2 python $REPO/benchmarks/plans_by_kind.py PS --plan 3=plans-r1/gemma3-270m-3bits.json --plan 4=plans-r1/gemma3-270m-4bits.json --plan 5=plans-r1/gemma3-270m-5bits.json --plan 6=plans-r1/gemma3-270m-6bits.json \
+  --uniforms 3=int4_c128/int2_t32_r32_s4,4=int5_c128/int3_t32_r32_s4,5=int6_c64/int4_t64_r32_s4,6=int6_c32_s4/int5_t64_r32_s4+int6_c64_r32_s4/int5_t128_r32_s4 \
+  --kinds "" --text html=$H --windows 8 --out html8-r1.csv
