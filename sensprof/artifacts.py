@@ -24,6 +24,7 @@ from .schemes import get_scheme
 PLAN_FORMAT_VERSION = 2
 PLAN_KIND = "sensprof-plan"
 READABLE_VERSIONS = (1, 2)
+HAND_MADE = "hand-made"  # the solver status of a plan written by hand (Plan.hand_made): its budget is nominal
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ class Plan:
         return cls(model_id=model_id, model_fingerprint=fingerprint, target=target, objective="kl",
                    budget=Budget("avg_bits", 16.0), layers=layers, engine=ENGINE_SETTINGS[target](),
                    predicted=Predicted(damage=0.0, objective="kl", **predicted_summary(layers)),
-                   solver=SolverRecord(name="none", status="hand-made", time_s=0.0),
+                   solver=SolverRecord(name="none", status=HAND_MADE, time_s=0.0),
                    profile=ProfileRef(path=None, settings={}, fingerprint=fingerprint), created=now())
 
     def replace(self, **changes) -> Plan:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..artifacts import LayerPlan, Plan
+from ..artifacts import HAND_MADE, LayerPlan, Plan
 from ..planning.uniforms import Uniform, candidates, per_layer_candidates, rank
 from .validate import layer_choices, measure
 
@@ -43,7 +43,7 @@ def baseline_limit(plan: Plan) -> float:
     would otherwise never be tried), or the plan's own cost where that is more, or where its budget is nominal (a
     plan made by hand)."""
     own = plan_cost(plan)
-    if plan.solver.status == "hand-made":
+    if plan.solver.status == HAND_MADE:
         return own
     return max(own, plan.budget.limit(layer_info(plan.layers)))
 

@@ -138,6 +138,28 @@ def cli_run(tiny_model_dir, tmp_path_factory, _one_thread):
     return types.SimpleNamespace(root=root, profile=str(prof), plan=str(plan), vplan=str(vplan))
 
 
+def test_validate_screens_baselines_within_the_plans_budget(cli_run, capsys, monkeypatch):
+    """validate's uniform baselines may spend the budget the plan was made for, not only the plan's own cost, which
+    falls short of it here (so a setting costing the budget itself is screened)."""
+    from sensprof.validation import baselines
+
+    path = str(cli_run.root / "budget.json")  # 5.9 bits, which no mix of the profile's schemes costs exactly
+    assert main(["plan", cli_run.profile, "--avg-bits", "5.9", "--select-measured", "0", "--out", path]) == 0
+    plan = load_plan(path)
+    budget = plan.budget.limit(baselines.layer_info(plan.layers))
+    assert baselines.plan_cost(plan) < budget
+    limits, real = [], baselines.best_uniforms
+
+    def recording(*args, limit=None, **kwargs):
+        limits.append(limit)
+        return real(*args, limit=limit, **kwargs)
+
+    monkeypatch.setattr(baselines, "best_uniforms", recording)
+    rc, _, err = run_cli(capsys, "validate", path, "--device", "cpu", "--seq-len", "32")
+    assert rc == 0, err
+    assert limits == [pytest.approx(budget)]
+
+
 def test_validate_cli_writes_the_table(cli_run, capsys):
     rc, out, err = run_cli(capsys, "validate", cli_run.plan, "--device", "cpu")
     assert rc == 0, err
@@ -170,7 +192,8 @@ def test_validate_cli_writes_the_table(cli_run, capsys):
     assert row.measured_over_predicted == pytest.approx(row.measured_kl / row.predicted_kl)
     refs = set(df.config) - {"plan"}
     assert "uniform KIVI-4 (int4_c32 / int4_t32)" in refs and "uniform fp8_e4m3" in refs
-    # the best uniform configurations sensprof stores within the plan's memory, menus or not (validation.baselines)
+    # the best uniform configurations sensprof stores within the plan's budget (here all of it is the plan's memory),
+    # menus or not (validation.baselines)
     best = [c for c in df.config if c.startswith("best uniform ")]
     assert len(best) == 3 and "baselines: screening" in out
     assert all(r.avg_bits <= row.avg_bits + 1e-9 for r in df[df.config.isin(best)].itertuples())
