@@ -32,10 +32,10 @@ os.makedirs(args.out, exist_ok=True)
 profile = load_profile(args.profile, require_complete=True)
 layers = profile.meta["layers"]
 target = get_target("sensprof", None, None, {layer["head_dim"] for layer in layers})
+table, pricing = priced_table(profile, "sensprof", target, 1024)  # every budget is priced at 1024 tokens
+problem = problem_from_table(table, layers, "kl", 0.0)
 for b in map(int, args.bits.split(",")):
     budget = budget_from_args(avg_bits=BUDGETS[b], context_len=1024)
-    table, pricing = priced_table(profile, "sensprof", target, 1024)
-    problem = problem_from_table(table, layers, "kl", 0.0)
     anchor = [ANCHORS[b]] * len(layers)
     uniform = sum(problem.cell(i, "K", ANCHORS[b][0]) + problem.cell(i, "V", ANCHORS[b][1]) for i in range(len(layers)))
     for m in map(int, args.m.split(",")):
