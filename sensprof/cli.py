@@ -32,7 +32,7 @@ def cmd_profile(args) -> int:
         from .summary import summarize
 
         print(summarize(prof))
-        print(f"\nwrote {out}/ (profile.csv, heads.csv, stats.csv, calibration.json, meta.json)")
+        print(f"\nwrote {out}/ (profile.csv, heads.csv, windows.csv, stats.csv, calibration.json, meta.json)")
     return 0
 
 

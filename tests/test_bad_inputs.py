@@ -559,6 +559,11 @@ def test_duplicate_heads_in_heads_csv(capsys, profile_copy, tmp_path):
     _plan_and_summary_refuse(capsys, profile_copy, tmp_path, "heads.csv", "3 times", "rebuilds the table")
 
 
+def test_bad_value_in_windows_csv(capsys, profile_copy, tmp_path):
+    _edit_table(profile_copy, "windows.csv", kl="inf")
+    _plan_and_summary_refuse(capsys, profile_copy, tmp_path, "windows.csv", "kl = inf", "not finite")
+
+
 def test_duplicate_cells_are_fixed_by_the_command_the_message_names(capsys, tiny_model_dir, profile_copy, tmp_path):
     good = open(os.path.join(profile_copy, "profile.csv"), "rb").read()
     t = pd.read_csv(os.path.join(profile_copy, "profile.csv"), dtype=str)

@@ -215,7 +215,8 @@ def profile_layer(model, session, layer, info, input_ids, baseline, layer_output
             tensor_rows.append({"layer": layer, "layer_kind": info.kind, "tensor": tensor, "scheme": scheme.name,
                                 "bits": bits_per_element(scheme, info.head_dim), "kl": m["kl"],
                                 "kl_std": m["kl_std"], "dnll": m["dnll"], "attn_kl": float(attn_kl.mean()),
-                                "out_rel_l2": float(rel.mean()), "measured": results[scheme.name][0] is not None})
+                                "out_rel_l2": float(rel.mean()), "measured": results[scheme.name][0] is not None,
+                                **({"kl_windows": m["kl_per_window"]} if "kl_per_window" in m else {})})
             for h in range(attn_kl.shape[0]):
                 heads.append({"layer": layer, "tensor": tensor, "scheme": scheme.name, "head": h,
                               "attn_kl": float(attn_kl[h]), "out_rel_l2": float(rel[h])})
@@ -386,11 +387,12 @@ class PartsStore:
             return load_profile(self.out_dir)
         import pandas as pd
 
-        from .table import HEAD_COLUMNS, TABLE_COLUMNS
+        from .table import HEAD_COLUMNS, TABLE_COLUMNS, WINDOW_COLUMNS, window_rows
         rows = [r for i in sorted(self.parts) for r in self.parts[i]["rows"]]
         heads = [r for i in sorted(self.parts) for r in self.parts[i]["heads"]]
         return Profile(pd.DataFrame(rows, columns=TABLE_COLUMNS), pd.DataFrame(heads, columns=HEAD_COLUMNS),
-                       pd.DataFrame(self.stats_rows, columns=STATS_COLUMNS), self.meta, self.calibration, None)
+                       pd.DataFrame(self.stats_rows, columns=STATS_COLUMNS), self.meta, self.calibration, None,
+                       pd.DataFrame(window_rows(self.parts), columns=WINDOW_COLUMNS))
 
 
 def check_run(model, layers, variants_per_pass: int, kl: str, screen: bool, replay: bool) -> list[int]:

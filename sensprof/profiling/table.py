@@ -19,13 +19,17 @@ KIND = "sensprof-profile"
 META, CALIBRATION, PARTS = "meta.json", "calibration.json", "parts"
 LENGTHS = "lengths"  # a profile of several --seq-len: the longest in the directory, each other in lengths/<L>/
 TABLE, HEADS, STATS = "profile.csv", "heads.csv", "stats.csv"
+# each measured cell's KL on each profile window (0 = the first of meta.json's window_slots), whose mean and spread
+# profile.csv holds: how much of a cell one window carries; profiles written before it have no windows.csv
+WINDOWS = "windows.csv"
 # measured: False for a cell whose KL a screened profile (--screen) predicted instead of measuring
 TABLE_COLUMNS = ["layer", "layer_kind", "tensor", "scheme", "bits", "kl", "kl_std", "dnll", "attn_kl", "out_rel_l2",
                  "measured"]
 OBJECTIVES = {"kl": "kl", "dnll": "dnll", "local": "out_rel_l2"}  # --objective -> the profile.csv column it sums
 HEAD_COLUMNS = ["layer", "tensor", "scheme", "head", "attn_kl", "out_rel_l2"]
+WINDOW_COLUMNS = ["layer", "tensor", "scheme", "window", "kl"]
 STATS_COLUMNS = ["layer", "layer_kind", "tensor", "outlier_ratio", "outlier_ratio_max", "kurtosis", "absmax"]
-OWN_FILES = {META, CALIBRATION, PARTS, TABLE, HEADS, STATS, LENGTHS}
+OWN_FILES = {META, CALIBRATION, PARTS, TABLE, HEADS, STATS, WINDOWS, LENGTHS}
 
 
 def _csv_text(rows: list[dict], columns: list[str]) -> str:
@@ -182,10 +186,17 @@ def check_part(part: dict, name: str, path: str, meta: dict) -> None:
                             f"{REDO_PART}")
 
 
+def window_rows(parts: dict[int, dict]) -> list[dict]:
+    """windows.csv's rows: the per-window KL a part's measured cells carry (screened cells have none)."""
+    return [{"layer": r["layer"], "tensor": r["tensor"], "scheme": r["scheme"], "window": w, "kl": max(kl, 0.0)}
+            for layer in sorted(parts) for r in parts[layer]["rows"] for w, kl in enumerate(r.get("kl_windows") or [])]
+
+
 def _table_texts(parts: dict[int, dict]) -> dict[str, str]:
     rows = [{"measured": True, **r} for layer in sorted(parts) for r in parts[layer]["rows"]]
     heads = [r for layer in sorted(parts) for r in parts[layer]["heads"]]
-    return {TABLE: _csv_text(rows, TABLE_COLUMNS), HEADS: _csv_text(heads, HEAD_COLUMNS)}
+    return {TABLE: _csv_text(rows, TABLE_COLUMNS), HEADS: _csv_text(heads, HEAD_COLUMNS),
+            WINDOWS: _csv_text(window_rows(parts), WINDOW_COLUMNS)}
 
 
 def write_tables(out_dir: str, parts: dict[int, dict]) -> None:
@@ -194,8 +205,8 @@ def write_tables(out_dir: str, parts: dict[int, dict]) -> None:
 
 
 def sync_with_parts(out_dir: str, meta: dict) -> dict:
-    """Bring profile.csv, heads.csv and meta.json's layers_done / complete up to what parts/ holds (a kill
-    after a part is written and before they are leaves them behind); rewrites only what differs. Returns meta."""
+    """Bring profile.csv, heads.csv, windows.csv and meta.json's layers_done / complete up to what parts/ holds (a
+    kill after a part is written and before they are leaves them behind); rewrites only what differs. Returns meta."""
     parts = load_parts(out_dir, meta)
     for name, text in _table_texts(parts).items():
         path = os.path.join(out_dir, name)
@@ -309,6 +320,7 @@ class Profile:
     meta: dict
     calibration: dict
     path: str | None = None
+    windows: object = None  # DataFrame of WINDOW_COLUMNS, or None for a profile written before windows.csv
 
 
 def load_profile(out_dir: str, require_complete: bool = False) -> Profile:
@@ -348,12 +360,33 @@ def load_profile(out_dir: str, require_complete: bool = False) -> Profile:
         layer, tensor, scheme = min(missing)
         raise SensprofError(f"{TABLE} of profile {out_dir!r} is incomplete: it lacks {len(missing)} cells of the "
                             f"layers meta.json lists as done (e.g. layer {layer} {tensor} {scheme}); {rebuild}")
+    windows = _load_windows(out_dir, meta, rebuild)
     calibration = read_json(os.path.join(out_dir, CALIBRATION), "calibration")
     if not isinstance(calibration, dict):
         raise SensprofError(f"calibration of profile {out_dir!r} is not a mapping of layers; {redo}")
     for layer, by_tensor in calibration.items():
         check_absmax(by_tensor, f"calibration.json of profile {out_dir!r} (layer {layer})", redo)
-    return Profile(table, heads, stats, meta, calibration, out_dir)
+    return Profile(table, heads, stats, meta, calibration, out_dir, windows)
+
+
+def _load_windows(out_dir: str, meta: dict, fix: str):
+    """windows.csv, checked as profile.csv is; None where the profile predates it."""
+    import pandas as pd
+
+    path = os.path.join(out_dir, WINDOWS)
+    if not os.path.exists(path):
+        return None
+    where = f"{WINDOWS} of profile {out_dir!r}"
+    _check_whole_line(path, where, fix)
+    try:
+        windows = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+        raise SensprofError(f"{where} is corrupt; {fix}") from None
+    if list(windows.columns) != WINDOW_COLUMNS:
+        raise SensprofError(f"{where} has an unexpected layout; {fix}")
+    check_cells(windows, where, fix)
+    check_rows(windows, ["layer", "tensor", "scheme", "window"], len(meta["layers"]), where, fix)
+    return windows
 
 
 def usable_cells(profile):

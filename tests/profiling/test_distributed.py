@@ -19,7 +19,7 @@ from sensprof.profiling.distributed import EXIT_HOOK, shard_order
 from sensprof.errors import SensprofError
 
 SCHEMES = "int4_c32,int2_t32,int4_t32_r16,int2_c32_pre"
-TABLES = ("profile.csv", "heads.csv", "stats.csv", "calibration.json")
+TABLES = ("profile.csv", "heads.csv", "windows.csv", "stats.csv", "calibration.json")
 RUN = dict(schemes=SCHEMES, seq_len=32, windows=2, progress=False)
 
 

@@ -21,7 +21,7 @@ from sensprof.specs import parse_layers
 from sensprof.profiling.table import load_profile, merge_profiles
 
 SCHEMES = "int4_c32,int2_t32,int4_t32_r16,int2_c32_pre"
-TABLES = ("profile.csv", "heads.csv", "stats.csv", "calibration.json")
+TABLES = ("profile.csv", "heads.csv", "windows.csv", "stats.csv", "calibration.json")
 
 
 def _ids(seq_len=64):
@@ -372,6 +372,49 @@ def test_merging_profiles_of_other_settings_is_refused(reference, tmp_path):
     assert not os.path.exists(tmp_path / "merged")
     with pytest.raises(SensprofError):
         merge_profiles([], str(tmp_path / "merged"))
+
+
+def test_windows_table_holds_each_cells_kl_per_window(reference):
+    """windows.csv: each cell's KL on each of the profile's windows, whose mean and spread are profile.csv's."""
+    import numpy as np
+
+    _, ref_dir = reference
+    prof = load_profile(ref_dir)
+    w = prof.windows
+    assert list(w.columns) == ["layer", "tensor", "scheme", "window", "kl"]
+    assert sorted(set(w.window)) == [0, 1] and len(w) == 2 * len(prof.table)
+    by_cell = w.groupby(["layer", "tensor", "scheme"]).kl
+    table = prof.table.set_index(["layer", "tensor", "scheme"]).sort_index()
+    np.testing.assert_allclose(by_cell.mean().sort_index().to_numpy(), table.kl.to_numpy(), rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(by_cell.std().sort_index().to_numpy(), table.kl_std.to_numpy(), rtol=1e-5, atol=1e-12)
+    assert (w.groupby("window").kl.sum() > 0).all()  # both windows carry damage, not copies of one
+
+
+def test_profile_without_windows_table_still_loads(profile_copy):
+    os.remove(os.path.join(profile_copy, "windows.csv"))  # a profile written before windows.csv
+    prof = load_profile(profile_copy, require_complete=True)
+    assert prof.windows is None and len(prof.table) == 3 * 7
+
+
+@pytest.mark.parametrize("damage, match", [("negative", "negative"), ("cut", "truncated"), ("layout", "layout"),
+                                           ("twice", "2 times")])
+def test_damaged_windows_table_is_reported(profile_copy, damage, match):
+    path = os.path.join(profile_copy, "windows.csv")
+    lines = open(path).read().splitlines()
+    if damage == "negative":
+        lines[1] = ",".join(lines[1].split(",")[:4] + ["-0.5"])
+    elif damage == "layout":
+        lines[0] = "layer,tensor,scheme,slot,kl"
+    elif damage == "twice":
+        lines.append(lines[1])
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + ("" if damage == "cut" else "\n"))
+    if damage == "cut":
+        with open(path, "a") as f:
+            f.write("0,K,int4_c32,1")
+    with pytest.raises(SensprofError, match=match) as e:
+        load_profile(profile_copy)
+    assert "windows.csv" in str(e.value) and "sensprof profile" in str(e.value)
 
 
 # ---------------------------------------------------------------- (e) damaged profile directories
