@@ -295,20 +295,12 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     loaded = load_for_plan(result, model, device, dtype, device_map, trust_remote_code)
     frames = []
     lengths = validation_lengths(result, seq_len, loaded.model)
-    baselines = None
-    if engine is None and (result.target == "sensprof" or result.layer_dtypes):  # every uniform setting the target
-        # stores in the plan's budget (a per-layer vLLM plan: each dtype the plugin serves, on every layer)
-        from .validation.baselines import (baseline_configs, baseline_limit, best_uniforms, recorded_screen,
-                                           screen_length)
-        from .validation.validate import plan_reads
-
-        own = int(result.profile.settings.get("seq_len") or lengths[0])
-        short = validation_windows(result, loaded.tokenizer, 1, screen_length(own, max(lengths)), user_text)
-        known = None if user_text else recorded_screen(result, int(short.shape[1]))  # the selection's, reused
-        chosen, _, _ = best_uniforms(loaded.model, short, result, limit=baseline_limit(result),
-                                     reads=plan_reads(result), log=log, known=known)
-        baselines = baseline_configs(result, chosen)
+    screened: dict[int, dict] = {}  # screen length -> the baselines it ranked best
     for n in lengths:
+        baselines = None
+        if engine is None and (result.target == "sensprof" or result.layer_dtypes):  # every uniform setting the
+            # target stores in the plan's budget (a per-layer vLLM plan: each dtype the plugin serves, on every layer)
+            baselines = _screened_baselines(result, loaded, n, max(lengths), user_text, screened, log)
         if engine is not None:
             from .validation.validate_engine import format_engine_table, validate_with_engine
 
@@ -342,6 +334,22 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
                 f"{KL_REL_TOL:.0%} or its noise, mean dNLL within its noise; {FALSE_ALARM:.0%} false alarms) for: "
                 + ", ".join(f"{r.config} at {r.seq_len}" for r in df[~df.agrees].itertuples()))
     return Validation(df, note, out)
+
+
+def _screened_baselines(plan, loaded, n: int, longest: int, user_text, screened: dict, log) -> dict:
+    """The best uniform baselines for judging `plan` at `n` tokens, ranked by a screen at that length
+    (sensprof.validation.baselines); `screened` keeps each screen length's, so lengths that share one screen once."""
+    from .validation.baselines import baseline_configs, baseline_limit, best_uniforms, recorded_screen, screen_length
+    from .validation.validate import plan_reads, validation_windows
+
+    tokens = screen_length(n, longest)
+    if tokens not in screened:
+        short = validation_windows(plan, loaded.tokenizer, 1, tokens, user_text)
+        known = None if user_text else recorded_screen(plan, int(short.shape[1]))  # the selection's, reused
+        chosen, _, _ = best_uniforms(loaded.model, short, plan, limit=baseline_limit(plan), reads=plan_reads(plan),
+                                     log=log, known=known)
+        screened[tokens] = baseline_configs(plan, chosen)
+    return screened[tokens]
 
 
 def plan_prediction_line(plan, df, n: int, measured: str) -> str:

@@ -3,8 +3,8 @@
 The planner's plan is one of several candidates: plans at the same budget from other objectives and robustness
 settings, and the strongest uniform configurations that cost no more memory under the same budget. For target
 `sensprof` those are found among every uniform configuration its runtime stores within the budget, the profile's
-menus or not (sensprof.validation.baselines: each scheme alone screened on the first 512 tokens of one of the
-selection's windows, the three best pairs by summed KL); for `vllm`, whose plans are one dtype plus layers kept
+menus or not (sensprof.validation.baselines: each scheme alone screened on one of the selection's windows, at the
+length it judges at, the three best pairs by summed KL); for `vllm`, whose plans are one dtype plus layers kept
 unquantized, each vLLM dtype alone (with only the boundary layers vLLM itself keeps). Targets that take one type
 for every layer (SGLang, llama.cpp) have nothing to choose between. Each is measured with every layer quantized at
 once, read as the target reads its cache, on N windows of the profile's text that the profile did not use, at a longer length than the profile's
@@ -176,13 +176,13 @@ def per_layer_uniform_plan(plan: Plan, c, cells: dict, screened: dict) -> Plan:
     return plan.replace(layers=layers, engine=engine, predicted=predicted)
 
 
-def _screened_uniforms(model, ids, plan: Plan, budget, own: int, log):
+def _screened_uniforms(model, ids, plan: Plan, budget, log):
     """(the best uniform baselines within the budget, the screen that ranked them as the plan records it): each K
-    and V scheme of the plan's target alone on the first window's first tokens (sensprof.validation.baselines)."""
-    from ..validation.baselines import best_uniforms, screen_length
+    and V scheme of the plan's target alone on the first window (sensprof.validation.baselines)."""
+    from ..validation.baselines import best_uniforms
     from ..validation.validate import plan_reads
 
-    short = ids[:1, :screen_length(own, int(ids.shape[1]))]
+    short = ids[:1]  # ranked at the length the selection judges at (baselines.screen_length)
     chosen, k_screen, v_screen = best_uniforms(model, short, plan, budget, reads=plan_reads(plan), log=log)
     return chosen, {"tokens": int(short.shape[1]), "k": k_screen, "v": v_screen}
 
@@ -281,13 +281,13 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
         uniforms = uniform_candidates(problem, budget, meta["layers"])
         uniform_layers = {name: layer_choices(plan, pair) for name, pair in uniforms.items()}
     elif plan.target == "sensprof":  # every uniform configuration it stores within the budget, screened by measurement
-        chosen_uniforms, screened = _screened_uniforms(loaded.model, ids, plan, budget, own, log)
+        chosen_uniforms, screened = _screened_uniforms(loaded.model, ids, plan, budget, log)
         uniforms = uniform_pairs = {c.name: (c.k, c.v) for c in chosen_uniforms}
         uniform_layers = {name: layer_choices(plan, pair) for name, pair in uniforms.items()}
     else:  # each engine dtype alone is itself a plan (its engine settings included)
         uniforms = engine_uniform_plans(profile, problem, tgt, budget, plan.objective, pricing_used, table)
         if plan.layer_dtypes and uniform_set == "all":  # and the best of each dtype the plugin serves, on every layer
-            chosen_uniforms, screened = _screened_uniforms(loaded.model, ids, plan, budget, own, log)
+            chosen_uniforms, screened = _screened_uniforms(loaded.model, ids, plan, budget, log)
             for c in chosen_uniforms:
                 uniform_pairs[c.name] = (c.k, c.v)
                 uniforms.setdefault(c.name, per_layer_uniform_plan(plan, c, problem.damage, screened))

@@ -148,18 +148,18 @@ def _validate_sweep(df, profile, plans, which, windows, seq_len, model_options, 
 
 def _baselines(df, by_path, template, loaded, ids, which, log, meta):
     """The best uniform configurations sensprof stores within each plan's memory, menus or not
-    (sensprof.validation.baselines; one screen on the first window, up to 512 tokens, shared by every budget)."""
+    (sensprof.validation.baselines; one screen on the first window, shared by every budget)."""
     import pandas as pd
 
     from ..report.data import config_bits
-    from ..validation.baselines import baseline_name, best_uniforms_each, plan_cost, screen_length
+    from ..validation.baselines import baseline_name, best_uniforms_each, plan_cost
     from ..validation.validate import plan_reads
 
     columns = ["config", "k_scheme", "v_scheme", "avg_bits", "predicted_kl"]
     if which == "none" or template.target != "sensprof":
         return pd.DataFrame(columns=columns)
     plans = [by_path[p] for p in df.plan]
-    short = ids[:1, :screen_length(int(meta["settings"]["seq_len"]), int(ids.shape[1]))]
+    short = ids[:1]  # ranked at the length the sweep judges at (baselines.screen_length)
     each, _, _ = best_uniforms_each(loaded.model, short, template, [(p.budget, plan_cost(p)) for p in plans],
                                     plan_reads(template), log=log)
     n = len(template.layers)

@@ -3,9 +3,10 @@ express within the plan's memory (sensprof.planning.uniforms: the free target's 
 per-layer vLLM plan every dtype the plugin serves), not only the profile's menus.
 
 Two steps. A short screen measures each K scheme of the candidates alone (values unquantized) and each V scheme
-alone, with every layer quantized, on one window of up to 512 tokens: a few dozen whole-model passes, shared by every pair (damage adds
-across K and V to first order, as the planner's sum assumes). The `top` pairs of least summed damage are the
-baselines; `plan --select-measured` and `validate` then measure them whole, beside the plan, on their own windows.
+alone, with every layer quantized, on one window of the length judged (at least 512 tokens): a few dozen
+whole-model passes, shared by every pair (damage adds across K and V to first order, as the planner's sum assumes).
+The `top` pairs of least summed damage are the baselines; `plan --select-measured` and `validate` then measure them
+whole, beside the plan, on their own windows.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ TOP = 3  # baselines measured whole beside the plan
 SCREEN_TOKENS = 512  # the screen's window: long enough that 128-token groups and a 32-token residual window act
 
 
-def screen_length(own: int, longest: int) -> int:
-    """The screen's window: SCREEN_TOKENS (at least the profile's length `own`), within the longest length measured
-    after it. At the profile's few hundred tokens a 128-token group or a residual window quantizes little or nothing
-    and would screen as lossless."""
-    return min(longest, max(own, SCREEN_TOKENS))
+def screen_length(n: int, longest: int) -> int:
+    """The screen's window for baselines judged at `n` tokens: `n` itself, or SCREEN_TOKENS where `n` is shorter,
+    within `longest` (the longest window the text gives). Which uniform setting wins moves with the length (at
+    1024 tokens 128-token key groups, at 4096 sinks and a residual window: they cost less there), so each length
+    is ranked at its own; below a few hundred tokens a 128-token group or a residual window quantizes little or
+    nothing and would screen as lossless."""
+    return min(longest, max(n, SCREEN_TOKENS))
 
 
 def layer_info(layers) -> list[dict]:

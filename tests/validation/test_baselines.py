@@ -73,9 +73,10 @@ def test_a_baseline_may_spend_the_plans_budget(tiny):
     assert baseline_limit(over) == pytest.approx(plan_cost(over))
 
 
-def test_the_screen_sees_what_long_groups_quantize():
+def test_the_screen_ranks_at_the_length_judged_and_sees_what_long_groups_quantize():
     assert screen_length(256, 1024) == 512  # a 128-token group and a 32-token residual act within it
-    assert screen_length(32, 128) == 128 and screen_length(1024, 4096) == 1024
+    assert screen_length(32, 128) == 128  # within the longest window there is
+    assert screen_length(1024, 4096) == 1024 and screen_length(4096, 4096) == 4096  # each length at its own
 
 
 def test_a_known_screen_is_not_measured_again(tiny):

@@ -160,6 +160,31 @@ def test_validate_screens_baselines_within_the_plans_budget(cli_run, capsys, mon
     assert limits == [pytest.approx(budget)]
 
 
+@pytest.mark.parametrize("lengths, screens", [("64,256", [128, 256]), ("32,64", [64])])
+def test_validate_ranks_the_baselines_of_each_length_at_that_length(cli_run, capsys, monkeypatch, lengths, screens):
+    """Which uniform setting wins moves with the length, so each length validate judges gets baselines screened at
+    that length (at least SCREEN_TOKENS, within the longest); lengths that share a screen length screen once."""
+    from sensprof.validation import baselines
+
+    monkeypatch.setattr(baselines, "SCREEN_TOKENS", 128)  # 512 in use; the tiny model has 512 positions
+    seen, real = [], baselines.best_uniforms
+
+    def recording(model, ids, *args, **kwargs):
+        seen.append(int(ids.shape[1]))
+        return real(model, ids, *args, **kwargs)
+
+    monkeypatch.setattr(baselines, "best_uniforms", recording)
+    out_csv = cli_run.root / f"lengths-{lengths.replace(',', '-')}.csv"
+    rc, out, err = run_cli(capsys, "validate", cli_run.plan, "--device", "cpu", "--seq-len", lengths, "--windows",
+                           "1", "--out", out_csv)
+    assert rc == 0, err
+    assert seen == screens
+    assert out.count("baselines: screening") == len(screens)
+    df = pd.read_csv(out_csv)
+    for n in map(int, lengths.split(",")):  # every length judged against its own three
+        assert (df[df.seq_len == n].config.str.startswith("best uniform ")).sum() == 3
+
+
 def test_validate_cli_writes_the_table(cli_run, capsys):
     rc, out, err = run_cli(capsys, "validate", cli_run.plan, "--device", "cpu")
     assert rc == 0, err
