@@ -97,17 +97,19 @@ def test_the_plan_is_the_candidate_measured_best(sel, capsys):
             assert not any(body in c for c in chosen_text), n
 
 
-def test_every_uniform_configuration_sensprof_stores_is_a_baseline(sel, tmp_path, capsys):
+def test_every_uniform_configuration_sensprof_stores_is_a_baseline(sel, tmp_path, capsys, monkeypatch):
     """By default the baselines come from every uniform configuration sensprof stores within the budget (here the
     menus hold int2/4/8 only): each scheme screened alone on one window, the three best pairs measured whole; one
     that measures below every plan is the plan, its layers' damage from the screen where the profile has no cell."""
     from sensprof.planning.budget import Budget
     from sensprof.planning.uniforms import candidates
+    from sensprof.validation import baselines
 
+    monkeypatch.setattr(baselines, "SCREEN_TOKENS", 64)  # a floor below the selection's 128-token windows
     plan, out = _plan(capsys, sel.profile, tmp_path / "p.json")
     s = plan.solver.select
     screen = s["uniform_screen"]
-    assert screen["tokens"] == 128  # the selection's windows, up to 512 tokens
+    assert screen["tokens"] == 128  # the whole of the selection's window: ranked at the length it judges at
     meta_layers = [{"kv_heads": p.kv_heads, "head_dim": p.head_dim, "kind": p.kind, "window": p.window}
                    for p in plan.layers]
     found = candidates(Budget("avg_bits", 5.0), meta_layers)
