@@ -295,12 +295,17 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     loaded = load_for_plan(result, model, device, dtype, device_map, trust_remote_code)
     frames = []
     lengths = validation_lengths(result, seq_len, loaded.model)
-    screened: dict[int, dict] = {}  # screen length -> the baselines it ranked best
+    baselines_at: dict[int, dict] = {}  # length -> its uniform baselines
+    if engine is None and (result.target == "sensprof" or result.layer_dtypes):  # every uniform setting the target
+        # stores in the plan's budget (a per-layer vLLM plan: each dtype the plugin serves, on every layer), ranked by
+        # a screen at each length judged; lengths that share a screen length screen once
+        from .validation.baselines import screen_length
+
+        screen_at = {n: screen_length(n, max(lengths)) for n in lengths}
+        by_tokens = {t: _screened_baselines(result, loaded, t, user_text, log) for t in sorted(set(screen_at.values()))}
+        baselines_at = {n: by_tokens[t] for n, t in screen_at.items()}
     for n in lengths:
-        baselines = None
-        if engine is None and (result.target == "sensprof" or result.layer_dtypes):  # every uniform setting the
-            # target stores in the plan's budget (a per-layer vLLM plan: each dtype the plugin serves, on every layer)
-            baselines = _screened_baselines(result, loaded, n, max(lengths), user_text, screened, log)
+        baselines = baselines_at.get(n)
         if engine is not None:
             from .validation.validate_engine import format_engine_table, validate_with_engine
 
@@ -336,20 +341,17 @@ def validate(plan_path: str, *, model=None, windows=None, seq_len=None, device="
     return Validation(df, note, out)
 
 
-def _screened_baselines(plan, loaded, n: int, longest: int, user_text, screened: dict, log) -> dict:
-    """The best uniform baselines for judging `plan` at `n` tokens, ranked by a screen at that length
-    (sensprof.validation.baselines); `screened` keeps each screen length's, so lengths that share one screen once."""
-    from .validation.baselines import baseline_configs, baseline_limit, best_uniforms, recorded_screen, screen_length
+def _screened_baselines(plan, loaded, tokens: int, user_text, log) -> dict:
+    """{name: layers} of the best uniform baselines of `plan`, ranked by a screen on one window of `tokens`
+    (sensprof.validation.baselines)."""
+    from .validation.baselines import baseline_configs, baseline_limit, best_uniforms, recorded_screen
     from .validation.validate import plan_reads, validation_windows
 
-    tokens = screen_length(n, longest)
-    if tokens not in screened:
-        short = validation_windows(plan, loaded.tokenizer, 1, tokens, user_text)
-        known = None if user_text else recorded_screen(plan, int(short.shape[1]))  # the selection's, reused
-        chosen, _, _ = best_uniforms(loaded.model, short, plan, limit=baseline_limit(plan), reads=plan_reads(plan),
-                                     log=log, known=known)
-        screened[tokens] = baseline_configs(plan, chosen)
-    return screened[tokens]
+    short = validation_windows(plan, loaded.tokenizer, 1, tokens, user_text)
+    known = None if user_text else recorded_screen(plan, int(short.shape[1]))  # the selection's, reused
+    chosen, _, _ = best_uniforms(loaded.model, short, plan, limit=baseline_limit(plan), reads=plan_reads(plan),
+                                 log=log, known=known)
+    return baseline_configs(plan, chosen)
 
 
 def plan_prediction_line(plan, df, n: int, measured: str) -> str:
