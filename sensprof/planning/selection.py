@@ -136,8 +136,8 @@ def _keeping_recent(plan: Plan, problem, budget, layers: list[dict]) -> Plan | N
     from .uniforms import keep_recent
 
     new = [dataclasses.replace(p, k_scheme=keep_recent(p.k_scheme), v_scheme=keep_recent(p.v_scheme),
-                               k_damage=_cell(problem, p.layer, "K", keep_recent(p.k_scheme), p.k_damage),
-                               v_damage=_cell(problem, p.layer, "V", keep_recent(p.v_scheme), p.v_damage))
+                               k_damage=_cell(problem, p.layer, "K", keep_recent(p.k_scheme), p.k_damage, True),
+                               v_damage=_cell(problem, p.layer, "V", keep_recent(p.v_scheme), p.v_damage, True))
            for p in plan.layers]
     if all((p.k_scheme, p.v_scheme) == (q.k_scheme, q.v_scheme) for p, q in zip(new, plan.layers)):
         return None
@@ -192,10 +192,16 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _cell(problem, layer: int, tensor: str, scheme: str, missing: float = math.nan) -> float:
+def _cell(problem, layer: int, tensor: str, scheme: str, missing: float = math.nan, upper_bound: bool = False) -> float:
     """The profile's damage for a cell, `missing` where the profile did not measure that scheme (a uniform baseline
-    from outside its menus)."""
-    return 0.0 if scheme == "none" else problem.damage.get((layer, tensor, scheme), missing)
+    from outside its menus); with upper_bound, an `_r32_s4` scheme it lacks reads its base scheme's cell
+    (uniforms.kept_recent_base: how a plan given sinks and recent tokens is priced)."""
+    from .uniforms import kept_recent_base
+
+    if scheme == "none":
+        return 0.0
+    base = kept_recent_base(scheme) if upper_bound else None
+    return problem.damage.get((layer, tensor, scheme), problem.damage.get((layer, tensor, base), missing))
 
 
 def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len: int | None = None,
@@ -304,8 +310,10 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     at_len = priced_at(profile.table, meta.get("reads", "streaming"), own, int(ids.shape[1]), meta["layers"])
     rows = []
     for name, layers in configs.items():
-        pred = sum(_cell(problem, p.layer, "K", p.k_scheme) + _cell(problem, p.layer, "V", p.v_scheme) for p in layers)
-        here = predicted_damage(at_len, layers, "kl")  # the per-layer sum priced at the windows' own length
+        bound = name not in uniforms  # a plan given sinks and recent tokens: its cells' bases (uniforms read screens)
+        pred = sum(_cell(problem, p.layer, "K", p.k_scheme, upper_bound=bound)
+                   + _cell(problem, p.layer, "V", p.v_scheme, upper_bound=bound) for p in layers)
+        here = predicted_damage(at_len, layers, "kl", upper_bound=bound)  # priced at the windows' own length
         if not math.isfinite(pred) and name in uniform_pairs:  # outside the profile: its schemes' screens summed
             k, v = uniform_pairs[name]
             pred = here = screened["k"].get(k, 0.0) + screened["v"].get(v, 0.0)
@@ -320,7 +328,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     if lead is not None and not lead["beyond_noise"]:
         best = next(r for r in rows if r["name"] == lead["uniform"])
     joint, joint_windows = _joint_factors(loaded.model, ids, configs[best["name"]], best, profile, own, reads,
-                                          len(bos_prefix(loaded.tokenizer)))
+                                          len(bos_prefix(loaded.tokenizer)), upper_bound=not best["uniform"])
     record = {"windows": int(ids.shape[0]), "seq_len": int(ids.shape[1]), "seed": meta["settings"]["seed"]
               + SELECT_SEED_OFFSET, "window_slots": list(slots), "reads": reads, "candidates": rows,
               "chosen": best["name"], "uniform_won": bool(best["uniform"])}
@@ -464,11 +472,12 @@ def short_chunks(ids, own: int, prefix: int):
     return torch.cat(chunks, dim=0) if chunks else ids[:, :own]
 
 
-def _joint_factors(model, ids, layers, best: dict, profile, own: int, reads: str, prefix: int):
+def _joint_factors(model, ids, layers, best: dict, profile, own: int, reads: str, prefix: int,
+                   upper_bound: bool = False):
     """({tokens: measured / per-layer sum}, {tokens: windows}) for the chosen candidate: at the selection's length
     (already measured) and at the profile's, on every profile-length chunk of the same windows (text validate never
     reads; one 2-window measurement at that length erred by up to 1.6x on Gemma). Empty where the profile lacks a
-    cell."""
+    cell; upper_bound: the sum of a plan given sinks and recent tokens, as its row was summed."""
     from .pricing import priced_at
     from ..validation.validate import measure, predicted_damage
 
@@ -477,7 +486,8 @@ def _joint_factors(model, ids, layers, best: dict, profile, own: int, reads: str
         out[str(ids.shape[1])], windows[str(ids.shape[1])] = round(best["measured_kl"] / best["predicted_kl_here"], 4), \
             int(ids.shape[0])
     if ids.shape[1] > own:
-        pred = predicted_damage(priced_at(profile.table, profile.meta.get("reads", "streaming"), own, own), layers)
+        pred = predicted_damage(priced_at(profile.table, profile.meta.get("reads", "streaming"), own, own), layers,
+                                upper_bound=upper_bound)
         chunks = short_chunks(ids, own, prefix)
         kl = measure(model, chunks, {"chosen": layers}, reads=reads)["chosen"]["kl"]
         if pred > 0:

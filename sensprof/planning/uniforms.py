@@ -132,6 +132,19 @@ def keep_recent(name: str) -> str:
     return name + "_r32_s4"
 
 
+def kept_recent_base(name: str) -> str | None:
+    """The scheme `keep_recent` made `name` from; None where it made none. A profile rarely holds the `_r32_s4`
+    variant of every scheme it measured, and kept tokens only remove error, so the base's cell bounds the missing
+    one from above: a plan with such schemes (selection's "+ sinks and 32 recent tokens") still has a sum to print."""
+    if not name.endswith("_r32_s4"):
+        return None
+    base = name[: -len("_r32_s4")]
+    try:
+        return base if keep_recent(base) == name else None
+    except SensprofError:  # not a scheme this version knows
+        return None
+
+
 def rank(configs: list[Uniform], k_damage: dict[str, float], v_damage: dict[str, float], top: int) -> list[Uniform]:
     """The `top` configurations of least summed damage (each tensor's measured alone: damage adds across K and V to
     first order, as the planner's sum assumes), ties to the cheaper."""

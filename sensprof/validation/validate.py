@@ -100,9 +100,27 @@ class _Distinct(dict):
         return self.get(name)
 
 
-def predicted_damage(profile_table, layers: list[LayerPlan], objective_col: str = "kl") -> float:
-    """Sum of per-layer measured damage, or NaN where the profile lacks a cell."""
-    return summed_damage(profile_table, [(p.k_scheme, p.v_scheme) for p in layers], objective_col)
+def predicted_damage(profile_table, layers: list[LayerPlan], objective_col: str = "kl",
+                     upper_bound: bool = False) -> float:
+    """Sum of per-layer measured damage, or NaN where the profile lacks a cell; with upper_bound, a missing `_r32_s4`
+    cell reads the cell of the scheme without its kept tokens (planning.uniforms.kept_recent_base)."""
+    pairs = [(p.k_scheme, p.v_scheme) for p in layers]
+    if upper_bound and profile_table is not None:
+        pairs = _bounded_pairs(profile_table, pairs)
+    return summed_damage(profile_table, pairs, objective_col)
+
+
+def _bounded_pairs(profile_table, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    from ..planning.uniforms import kept_recent_base
+
+    have = set(zip(profile_table.layer.astype(int), profile_table.tensor.astype(str),
+                   profile_table.scheme.astype(str)))
+
+    def cell_of(layer: int, tensor: str, scheme: str) -> str:
+        base = None if (layer, tensor, scheme) in have else kept_recent_base(scheme)
+        return base if base is not None and (layer, tensor, base) in have else scheme
+
+    return [(cell_of(i, "K", k), cell_of(i, "V", v)) for i, (k, v) in enumerate(pairs)]
 
 
 def plan_reads(plan: Plan) -> str:
@@ -166,11 +184,13 @@ def validation_table(plan: Plan, measured: dict, configs: dict[str, list[LayerPl
 
     plan_bits = predicted_summary(plan.layers)["avg_bits"]
     joint = plan.predicted.joint_factor_at(int(seq_len)) if seq_len else None
+    bound_plan = not (plan.solver.select or {}).get("uniform_won")  # a uniform setting that won reads measured cells
     rows = []
     for name, layers in configs.items():
         s = predicted_summary(layers)
         m = measured[name]
-        pred = total = predicted_damage(profile_table, layers, "kl")  # measured is KL: predict KL whatever optimised
+        # measured is KL: predict KL whatever optimised; the plan's sum as the selection that chose it summed it
+        pred = total = predicted_damage(profile_table, layers, "kl", upper_bound=name == "plan" and bound_plan)
         served = None
         if name == "plan" and seq_len and pred == pred:  # what plan and export print for it at this length
             from ..planning.prediction import for_plan

@@ -202,7 +202,11 @@ def test_a_damaged_checks_file_is_one_line(tmp_path, bad, said):
 
 
 def test_a_streaming_plan_without_a_pricing_record_says_its_sum_is_unpriced():
-    old = _plan("smollm2-135m-sensprof-5bits.json")  # made 2026-12-01, before pricing at the serving length
+    import dataclasses
+
+    plan = _plan("smollm2-135m-sensprof-5bits.json")  # as the example plans of 2026-12-01 were, before pricing
+    old = dataclasses.replace(plan, predicted=dataclasses.replace(plan.predicted, pricing=None, joint_factor=None),
+                              solver=dataclasses.replace(plan.solver, select=None, robust=0.0))
     assert old.predicted.pricing is None and P.for_plan(old).unpriced
     assert "the plan predates pricing at the serving length; re-plan" in serving_line(old)
     new = _plan("gemma3-270m-sensprof-5bits.json")
@@ -235,6 +239,10 @@ def test_a_robust_plan_is_predicted_from_its_kl_sum_not_its_objective():
     q = P.for_plan(unselected, 1024)
     assert q.per_layer_sum == plan.predicted.damage and q.with_spread
     assert "the --robust objective's sum" in q.describe()
+    # a recorded KL sum equal to the damage (a plan given sinks and recent tokens, whose damage is re-summed from KL
+    # cells) is still that KL sum, not an upper figure
+    same = dataclasses.replace(plan, predicted=dataclasses.replace(plan.predicted, damage=P.kl_sum(plan)))
+    assert not P.for_plan(same, 1024).with_spread
 
 
 def test_validate_prints_each_lengths_prediction_end_to_end(tiny_model_dir, tmp_path, capsys):

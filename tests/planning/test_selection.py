@@ -129,6 +129,11 @@ def test_every_uniform_configuration_sensprof_stores_is_a_baseline(sel, tmp_path
     kept = next(c for c in s["candidates"] if c["name"] == "plan + sinks and 32 recent tokens")
     assert kept["budget_used"] <= plan.predicted.budget_limit * (1 + 1e-9) and not kept["uniform"]
     assert any(keep_recent(p.k_scheme) != p.k_scheme for p in raw)
+    # the menus hold no `_r32_s4` scheme: its sums are the plan's own cells', an upper bound (kept tokens only
+    # remove error), so a plan chosen so still has a prediction to print and a joint factor to carry
+    own = next(c for c in s["candidates"] if c["name"] == "plan")
+    assert kept["predicted_kl"] == pytest.approx(own["predicted_kl"])
+    assert kept["predicted_kl_here"] == pytest.approx(own["predicted_kl_here"])
     best = min(s["candidates"], key=lambda c: c["measured_kl"])
     assert s["chosen"] == best["name"] and s["uniform_won"] == best["uniform"]
     assert best["uniform"]  # on this tiny model one does (int6 values, outside the menus): the plan is it
@@ -527,3 +532,31 @@ def test_a_plan_that_leads_within_the_noise_gives_way_to_the_uniform(sel, capsys
     assert "select: plan measured 0.990x " in out and "within one standard error" in out
     assert f"the uniform configuration {k} / {v} measured within one standard error of the best plan" in out
     assert "within one standard error of the best plan, so the plan is that configuration" in plan.describe()
+
+
+def test_validate_prices_a_plan_keeping_sinks_outside_the_profile(sel, tmp_path):
+    """A plan the selection gave sinks and 32 recent tokens (schemes outside the menus) is priced in validate's plan
+    row as the selection priced it, at each length; a uniform row of the same layers is not (NaN)."""
+    import dataclasses
+    import math
+
+    from sensprof.planning.uniforms import keep_recent
+
+    load_plan_candidates(sel.profile, tmp_path)
+    plan = load_plan(str(tmp_path / "raw.json"))
+    kept = plan.replace(layers=tuple(dataclasses.replace(p, k_scheme=keep_recent(p.k_scheme),
+                                                         v_scheme=keep_recent(p.v_scheme)) for p in plan.layers))
+    assert kept.layers != plan.layers
+    profile = load_profile(sel.profile)
+    fake = {name: {"kl": 0.5, "kl_std": 0.0, "dnll": 0.1, "dppl": 0.2} for name in ("plan", "uniform same")}
+    for n in (32, 128):
+        at = priced_at(profile.table, "streaming", 32, n)
+        df = validation_table(kept, fake, {"plan": kept.layers, "uniform same": kept.layers}, profile.table, n,
+                              profile.meta).set_index("config")
+        assert df.loc["plan", "per_layer_sum"] == pytest.approx(predicted_damage(at, plan.layers))
+        assert df.loc["plan", "predicted_kl"] > 0
+        assert math.isnan(df.loc["uniform same", "predicted_kl"])
+    # a uniform setting the selection chose reads measured cells only, as its joint factor was measured against
+    won = kept.replace(solver=dataclasses.replace(kept.solver, select={"uniform_won": True, "candidates": []}))
+    df = validation_table(won, fake, {"plan": won.layers}, profile.table, 128, profile.meta).set_index("config")
+    assert math.isnan(df.loc["plan", "per_layer_sum"])

@@ -78,6 +78,17 @@ def test_keep_recent_adds_sinks_and_a_residual_window_to_grouped_integers_only()
         assert keep_recent(same) == same
 
 
+def test_kept_recent_base_undoes_keep_recent_and_nothing_else():
+    from sensprof.planning.uniforms import kept_recent_base
+
+    for base in ("int4_c64", "int3_t32", "int4_c32_pre", "int8_c128"):
+        assert kept_recent_base(keep_recent(base)) == base
+    # kept tokens that keep_recent did not add: a sink-only scheme's, a residual window's with sinks of another size,
+    # or no scheme at all
+    for other in ("int4_c64", "int2_c32_s4", "fp8_e4m3", "none", "int4_c64_s4_r32_s4", "bogus_r32_s4"):
+        assert kept_recent_base(other) is None
+
+
 GEMMA = ([{"kv_heads": 1, "head_dim": 256, "kind": "sliding", "window": 512}] * 5
          + [{"kv_heads": 1, "head_dim": 256, "kind": "full", "window": None}]) * 3  # Gemma 3 270M's cache shape
 

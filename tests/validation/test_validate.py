@@ -656,3 +656,18 @@ def test_profile_and_validate_on_a_folder_of_chats(tiny_model_dir, tmp_path, cap
                                    "--out", tmp_path / "bad.csv"))
     assert "--text theirs is the text the plan was profiled on" in line
     assert not (tmp_path / "bad.csv").exists()
+
+
+def test_an_upper_bound_prices_kept_recent_tokens_the_profile_lacks():
+    """--select-measured's "+ sinks and 32 recent tokens" candidates hold `_r32_s4` schemes a profile rarely
+    measured: the plan's sum prices each such cell at its base scheme's (kept tokens only remove error), so a plan
+    chosen so keeps a printed prediction that validate compares; a cell the profile has is its own, and the other
+    rows of validate's table stay priced by measured cells alone (NaN without them)."""
+    table = pd.DataFrame({"layer": [0, 0, 0, 1, 1], "tensor": ["K", "K", "V", "K", "V"],
+                          "scheme": ["int4_c64", "int4_c64_r32_s4", "int4_t64", "int4_c64", "int4_t64"],
+                          "kl": [1.0, 0.25, 2.0, 4.0, 8.0]})
+    layers = [types.SimpleNamespace(k_scheme="int4_c64_r32_s4", v_scheme="int4_t64_r32_s4")] * 2
+    assert math.isnan(predicted_damage(table, layers))
+    assert predicted_damage(table, layers, upper_bound=True) == pytest.approx(0.25 + 2.0 + 4.0 + 8.0)
+    layers = [types.SimpleNamespace(k_scheme="int4_c64_r32_s4", v_scheme="int3_t64_r32_s4")] * 2
+    assert math.isnan(predicted_damage(table, layers, upper_bound=True))  # no cell of either scheme: no sum
