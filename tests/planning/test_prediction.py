@@ -170,7 +170,8 @@ def test_validate_prints_the_plans_prediction_beside_what_was_measured():
     df = pd.read_csv(os.path.join(ROOT, "plans", "gemma3-270m-sensprof-5bits.validation.csv"))
     line = plan_prediction_line(g, df[df.seq_len == 1024], 1024, "measured_kl")
     assert f"predicted KL {float(df[(df.seq_len == 1024) & (df.config == 'plan')].predicted_kl.iloc[0]):.2e}" in line
-    nan = df[df.seq_len == 1024].assign(predicted_kl=math.nan)  # its profile was not there: a streaming sum unpriced
+    nan = df[df.seq_len == 1024].assign(predicted_kl=math.nan, per_layer_sum=math.nan)  # no profile: a streaming
+    # sum unpriced
     assert "no printed prediction to compare" in plan_prediction_line(g, nan, 1024, "measured_kl")
 
 
