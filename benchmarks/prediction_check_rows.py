@@ -17,6 +17,7 @@ import pandas as pd
 
 from sensprof.artifacts import load_plan
 from sensprof.planning import prediction as P
+from sensprof.planning.pricing import target_reads
 
 
 def rows(plan_path: str, csv_path: str, windows: int) -> list[str]:
@@ -26,7 +27,7 @@ def rows(plan_path: str, csv_path: str, windows: int) -> list[str]:
     if plan_rows.empty:
         raise SystemExit(f"{csv_path} has no plan row; pass the CSV `sensprof validate {plan_path}` wrote")
     pricing = plan.predicted.pricing or {}
-    reads = pricing.get("reads") or "all"
+    reads = pricing.get("reads") or target_reads(plan.target)  # as prediction.for_plan reads it
     profile_len = int(pricing.get("profile_len") or plan.profile.settings["seq_len"])
     kind = P.engine_kind(plan.target, getattr(plan.engine, "vllm_gpu", None))
     joint = " ".join(f"{n}:{f:g}" for n, f in (plan.predicted.joint_factor or {}).items())

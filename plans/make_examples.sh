@@ -22,11 +22,9 @@ done
 wants() { [[ " $sections " == *" $1 "* ]]; }
 profile=profiles/smollm2-135m
 vprofile=profiles/smollm2-135m-vllm
-if wants smollm2 || wants engines; then
-  sensprof profile --model smollm2-135m --target vllm --out "$vprofile" --quiet
-fi
 if wants smollm2; then
   sensprof profile --model smollm2-135m --out "$profile" --quiet
+  sensprof profile --model smollm2-135m --target vllm --out "$vprofile" --quiet
   run() {  # target profile bits
     plan="plans/smollm2-135m-$1-${3}bits.json"
     sensprof plan "$2" --target "$1" --avg-bits "$3" --out "$plan" > /dev/null

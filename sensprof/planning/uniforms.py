@@ -21,7 +21,8 @@ from ..schemes import get_scheme
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUPS = (32, 64, 128)
-EXTRAS = ("", "_s4", "_r32_s4")  # keys and values alike: plain, 4 sinks, 4 sinks and 32 recent tokens
+KEPT_RECENT = "_r32_s4"  # 4 sink tokens and a 32-token residual window in full precision: what keep_recent adds
+EXTRAS = ("", "_s4", KEPT_RECENT)  # keys and values alike: plain, 4 sinks, 4 sinks and 32 recent tokens
 PER_TOKEN_HEAD = ("fp8_e4m3", "fp8_e5m2", "int8_per_token_head")
 
 
@@ -129,16 +130,16 @@ def keep_recent(name: str) -> str:
     s = get_scheme(name)
     if s.format != "int" or s.group is None or s.residual or s.sink or s.is_engine:
         return name
-    return name + "_r32_s4"
+    return name + KEPT_RECENT
 
 
 def kept_recent_base(name: str) -> str | None:
     """The scheme `keep_recent` made `name` from; None where it made none. A profile rarely holds the `_r32_s4`
     variant of every scheme it measured, and kept tokens only remove error, so the base's cell bounds the missing
     one from above: a plan with such schemes (selection's "+ sinks and 32 recent tokens") still has a sum to print."""
-    if not name.endswith("_r32_s4"):
+    if not name.endswith(KEPT_RECENT):
         return None
-    base = name[: -len("_r32_s4")]
+    base = name.removesuffix(KEPT_RECENT)
     try:
         return base if keep_recent(base) == name else None
     except SensprofError:  # not a scheme this version knows
