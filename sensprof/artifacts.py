@@ -343,7 +343,7 @@ class Plan:
             held = "; per token slot: sliding-window layers hold less, --context-len N prices what N tokens hold"
         lines = [f"plan for {self.model_id} -> target {self.target}: {p.avg_bits:.2f} bits/element "
                  f"({p.fraction_of_bf16:.3f} of bf16, {p.bytes_per_token:,.0f} bytes/token{held}"
-                 + f"), predicted {self.objective} {p.damage:.3e}; solver {self.solver.status} in "
+                 + f"), predicted {p.objective} {p.damage:.3e}; solver {self.solver.status} in "
                    f"{self.solver.time_s:.2f} s"]
         serving = serving_line(self)
         if serving:

@@ -116,7 +116,8 @@ def memory_comments(plan: Plan, gpu_mem_gib: float, fit: bool = True) -> list[st
     serving = serving_line(plan)  # what the engine is predicted to measure at the plan's serving length, and its band
     if serving:
         lines.append(f"# {serving}")
-    lines.append(f"# predicted damage (sum of per-layer {plan.objective}): {plan.predicted.damage:.3e}"
+    # the damage's own objective: a plan the selection took from another objective's candidate is re-summed in KL
+    lines.append(f"# predicted damage (sum of per-layer {plan.predicted.objective}): {plan.predicted.damage:.3e}"
                  + (f"; all layers at once measured {plan.predicted.joint_summary()} that sum"
                     if plan.predicted.joint_factor else ""))
     return lines

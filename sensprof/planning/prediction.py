@@ -140,11 +140,14 @@ def growth_exponent(checks, kind: str | None = None, model: str | None = None) -
 
 
 def floor_at(checks, model: str, n: int) -> float | None:
-    """llama.cpp's numerics floor for this model, measured at the length nearest n (in log), or None."""
+    """llama.cpp's numerics floor for this model, measured at the length nearest n (in log; the longer of two as
+    near), the mean where several measurements (other windows, other days) share that length; None where unmeasured."""
     rows = [c for c in checks if c.kind == "llamacpp-floor" and c.model == model]
     if not rows:
         return None
-    return min(rows, key=lambda c: (abs(math.log(c.seq_len / n)), -c.seq_len)).measured_kl
+    nearest = min(rows, key=lambda c: (abs(math.log(c.seq_len / n)), -c.seq_len)).seq_len
+    at = [c.measured_kl for c in rows if c.seq_len == nearest]
+    return sum(at) / len(at)
 
 
 def engine_kind(target: str, vllm_gpu: str | None = None) -> str:
