@@ -27,6 +27,7 @@ done
 wants() { [[ " $sections " == *" $1 "* ]]; }
 profile=profiles/smollm2-135m
 vprofile=profiles/smollm2-135m-vllm
+value_dir="benchmarks/results/$(date +%F)-vllm-per-layer-value"  # what per-layer plans buy in vLLM: one folder a run
 if wants smollm2; then
   sensprof profile --model smollm2-135m --out "$profile" --quiet
   sensprof profile --model smollm2-135m --target vllm --out "$vprofile" --quiet
@@ -66,9 +67,9 @@ if wants engines; then
     sensprof validate "$plan" --engine vllm > "${plan%.json}.engine-vllm.txt"
     echo "== $plan"; cat "${plan%.json}.engine-vllm.txt"
   done
-  mkdir -p "benchmarks/results/$(date +%F)-vllm-per-layer-value"
+  mkdir -p "$value_dir"
   python benchmarks/vllm_per_layer_value.py "$cprofile" --avg-bits 6,8,10 --seq-len 1024 \
-    --out "benchmarks/results/$(date +%F)-vllm-per-layer-value/smollm2-1024.csv"
+    --out "$value_dir/smollm2-1024.csv"
   # llama.cpp (llama-cpp-python, CPU): planned for it and checked in the running engine
   lprofile=profiles/smollm2-135m-llamacpp
   sensprof profile --model smollm2-135m --target llamacpp --out "$lprofile" --quiet
@@ -107,8 +108,8 @@ if wants gemma-vllm && has_gemma; then
   sensprof export "$plan" --format vllm > "${plan%.json}.vllm.txt"
   sensprof validate "$plan" --engine vllm > "${plan%.json}.engine-vllm.txt"
   echo "== $plan"; cat "${plan%.json}.engine-vllm.txt"
-  mkdir -p "benchmarks/results/$(date +%F)-vllm-per-layer-value"
+  mkdir -p "$value_dir"
   python benchmarks/vllm_per_layer_value.py "$gcprofile" --avg-bits 6,8,10 --seq-len 1024 \
-    --out "benchmarks/results/$(date +%F)-vllm-per-layer-value/gemma3-270m-1024.csv"
+    --out "$value_dir/gemma3-270m-1024.csv"
 fi
 echo "wrote the example plans of: $sections"

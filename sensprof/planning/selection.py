@@ -196,12 +196,13 @@ def _cell(problem, layer: int, tensor: str, scheme: str, missing: float = math.n
     """The profile's damage for a cell, `missing` where the profile did not measure that scheme (a uniform baseline
     from outside its menus); with upper_bound, an `_r32_s4` scheme it lacks reads its base scheme's cell
     (uniforms.kept_recent_base: how a plan given sinks and recent tokens is priced)."""
-    from .uniforms import kept_recent_base
+    from .uniforms import bounded_scheme
 
     if scheme == "none":
         return 0.0
-    base = kept_recent_base(scheme) if upper_bound else None
-    return problem.damage.get((layer, tensor, scheme), problem.damage.get((layer, tensor, base), missing))
+    if upper_bound:
+        scheme = bounded_scheme(scheme, lambda s: (layer, tensor, s) in problem.damage)
+    return problem.damage.get((layer, tensor, scheme), missing)
 
 
 def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len: int | None = None,

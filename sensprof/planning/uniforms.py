@@ -146,6 +146,16 @@ def kept_recent_base(name: str) -> str | None:
         return None
 
 
+def bounded_scheme(name: str, measured) -> str:
+    """The scheme whose cell prices `name` from above: itself where `measured(name)`, else the base `keep_recent`
+    made it from (kept_recent_base) where that was measured, else itself (no cell: the caller's missing value).
+    Shared by the selection's sums (a damage dict) and validate's plan row (a profile table)."""
+    if measured(name):
+        return name
+    base = kept_recent_base(name)
+    return base if base is not None and measured(base) else name
+
+
 def rank(configs: list[Uniform], k_damage: dict[str, float], v_damage: dict[str, float], top: int) -> list[Uniform]:
     """The `top` configurations of least summed damage (each tensor's measured alone: damage adds across K and V to
     first order, as the planner's sum assumes), ties to the cheaper."""

@@ -111,14 +111,13 @@ def predicted_damage(profile_table, layers: list[LayerPlan], objective_col: str 
 
 
 def _bounded_pairs(profile_table, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    from ..planning.uniforms import kept_recent_base
+    from ..planning.uniforms import bounded_scheme
 
     have = set(zip(profile_table.layer.astype(int), profile_table.tensor.astype(str),
                    profile_table.scheme.astype(str)))
 
     def cell_of(layer: int, tensor: str, scheme: str) -> str:
-        base = None if (layer, tensor, scheme) in have else kept_recent_base(scheme)
-        return base if base is not None and (layer, tensor, base) in have else scheme
+        return bounded_scheme(scheme, lambda s: (layer, tensor, s) in have)
 
     return [(cell_of(i, "K", k), cell_of(i, "V", v)) for i, (k, v) in enumerate(pairs)]
 

@@ -89,6 +89,16 @@ def test_kept_recent_base_undoes_keep_recent_and_nothing_else():
         assert kept_recent_base(other) is None
 
 
+def test_bounded_scheme_reads_a_missing_kept_recent_cell_as_its_base():
+    from sensprof.planning.uniforms import bounded_scheme
+
+    measured = {"int4_c64", "int3_t32", "int5_c64_r32_s4"}.__contains__
+    assert bounded_scheme("int5_c64_r32_s4", measured) == "int5_c64_r32_s4"  # measured: itself
+    assert bounded_scheme("int4_c64_r32_s4", measured) == "int4_c64"  # missing: its base, an upper bound
+    assert bounded_scheme("int6_c64_r32_s4", measured) == "int6_c64_r32_s4"  # neither measured: no cell
+    assert bounded_scheme("int3_t32_s4", measured) == "int3_t32_s4"  # not keep_recent's: no substitute
+
+
 GEMMA = ([{"kv_heads": 1, "head_dim": 256, "kind": "sliding", "window": 512}] * 5
          + [{"kv_heads": 1, "head_dim": 256, "kind": "full", "window": None}]) * 3  # Gemma 3 270M's cache shape
 
