@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
 
-    m = sub.add_parser("merge", help="join profiles of the same model/settings computed for different layers")
+    m = sub.add_parser("merge", help="join profiles of one model and settings: computed for different layers, or on other windows of the "
+                              "same text (another --seed)")
     m.add_argument("dirs", nargs="+", type=path_arg, help="profile directories")
     m.add_argument("--out", type=path_arg, required=True, help="directory for the merged profile")
 

@@ -13,6 +13,8 @@ from ..errors import SensprofError
 from ..files import (LOCK, atomic_write_bytes, atomic_write_text, check_artifact, check_no_symlinks, check_writable,
                     output_lock, read_json, safe_name, write_json)
 from ..specs import compact_ranges
+from .merge_windows import (check_window_merge, differs_only_in_windows, merge_calibration, merge_parts,
+                            merge_stats, merged_meta)
 
 FORMAT_VERSION = 1
 KIND = "sensprof-profile"
@@ -324,8 +326,6 @@ class Profile:
 
 
 def load_profile(out_dir: str, require_complete: bool = False) -> Profile:
-    import pandas as pd
-
     meta = load_meta(out_dir)
     if require_complete and not meta.get("complete"):
         missing = sorted(set(range(len(meta["layers"]))) - set(meta.get("layers_done", [])))
@@ -334,17 +334,8 @@ def load_profile(out_dir: str, require_complete: bool = False) -> Profile:
             "`sensprof profile` or join its parts with `sensprof merge`")
     rebuild = "re-run the same `sensprof profile` (or `sensprof merge`) command: it rebuilds the table from parts/"
     redo = "delete it and re-run the same `sensprof profile` command (finished layers are kept)"
-    try:
-        for name in (TABLE, HEADS, STATS):
-            _check_whole_line(os.path.join(out_dir, name), f"{name} of profile {out_dir!r}",
-                              redo if name == STATS else rebuild)
-        table = pd.read_csv(os.path.join(out_dir, TABLE))
-        heads = pd.read_csv(os.path.join(out_dir, HEADS))
-        stats = pd.read_csv(os.path.join(out_dir, STATS))
-    except FileNotFoundError as e:
-        raise SensprofError(f"profile {out_dir!r} lacks {os.path.basename(e.filename)}; re-run `sensprof profile`") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
-        raise SensprofError(f"profile {out_dir!r} has a corrupt table; delete it and re-run `sensprof profile`") from None
+    table, heads, stats = (_read_table(out_dir, name, redo if name == STATS else rebuild)
+                           for name in (TABLE, HEADS, STATS))
     if list(table.columns) == TABLE_COLUMNS[:-1]:  # written before --screen: every cell measured
         table["measured"] = True
     if list(table.columns) != TABLE_COLUMNS:
@@ -369,19 +360,26 @@ def load_profile(out_dir: str, require_complete: bool = False) -> Profile:
     return Profile(table, heads, stats, meta, calibration, out_dir, windows)
 
 
-def _load_windows(out_dir: str, meta: dict, fix: str):
-    """windows.csv, checked as profile.csv is; None where the profile predates it."""
+def _read_table(out_dir: str, name: str, fix: str):
+    """One of the profile's CSV tables, its last line whole (a write cut short says so in one line)."""
     import pandas as pd
 
-    path = os.path.join(out_dir, WINDOWS)
+    path, where = os.path.join(out_dir, name), f"{name} of profile {out_dir!r}"
     if not os.path.exists(path):
-        return None
-    where = f"{WINDOWS} of profile {out_dir!r}"
+        raise SensprofError(f"profile {out_dir!r} lacks {name}; re-run `sensprof profile`")
     _check_whole_line(path, where, fix)
     try:
-        windows = pd.read_csv(path)
+        return pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
         raise SensprofError(f"{where} is corrupt; {fix}") from None
+
+
+def _load_windows(out_dir: str, meta: dict, fix: str):
+    """windows.csv, checked as profile.csv is; None where the profile predates it."""
+    if not os.path.exists(os.path.join(out_dir, WINDOWS)):
+        return None
+    where = f"{WINDOWS} of profile {out_dir!r}"
+    windows = _read_table(out_dir, WINDOWS, fix)
     if list(windows.columns) != WINDOW_COLUMNS:
         raise SensprofError(f"{where} has an unexpected layout; {fix}")
     check_cells(windows, where, fix)
@@ -441,7 +439,8 @@ def length_profiles(profile: Profile) -> dict[int, Profile]:
 
 
 def merge_profiles(dirs: list[str], out_dir: str) -> dict:
-    """Join profiles of the same model and settings computed for different layers (e.g. on several machines)."""
+    """Join profiles of the same model and settings computed for different layers (e.g. on several machines), or
+    whole profiles of the same settings on other windows of the same text (merge_windows)."""
     if not dirs:
         raise SensprofError("merge needs at least one profile directory")
     for d in dirs:
@@ -451,6 +450,10 @@ def merge_profiles(dirs: list[str], out_dir: str) -> dict:
                                 "new directory as --out")
     metas = [load_meta(d) for d in dirs]
     base = metas[0]
+    if any(differs_only_in_windows(base["settings"], m["settings"]) for m in metas[1:]) and all(
+            m["settings"] == base["settings"] or differs_only_in_windows(base["settings"], m["settings"])
+            for m in metas[1:]):
+        return _merge_windows(dirs, metas, out_dir)
     for d, m in zip(dirs[1:], metas[1:]):
         if m["settings"] != base["settings"]:
             keys = [k for k in base["settings"] if base["settings"].get(k) != m["settings"].get(k)]
@@ -483,5 +486,32 @@ def merge_profiles(dirs: list[str], out_dir: str) -> dict:
         meta["complete"] = len(parts) == len(base["layers"])
         meta["wall_time_s"] = sum(float(m.get("wall_time_s", 0.0)) for m in metas)
         meta["merged_from"] = [os.path.abspath(d) for d in dirs]
+        write_json(os.path.join(out_dir, META), meta)
+    return meta
+
+
+def _merge_windows(dirs: list[str], metas: list[dict], out_dir: str) -> dict:
+    """merge_profiles of whole profiles on other windows: one profile of all their windows."""
+    base = metas[0]
+    for d, m in zip(dirs[1:], metas[1:]):
+        if len(m["layers"]) != len(base["layers"]) or m["model"] != base["model"]:
+            raise SensprofError(f"{d!r} is a profile of another model than {dirs[0]!r}; merge profiles of one model")
+    check_window_merge(dirs, metas)
+    for d in dirs:
+        check_no_symlinks(d, [PARTS], "merge input")
+    profiles = [load_profile(d, require_complete=True) for d in dirs]  # every table checked before any is read
+    weights = [int(m["settings"]["windows"]) for m in metas]
+    parts = merge_parts([load_parts(d, m) for d, m in zip(dirs, metas)], weights)
+    meta = merged_meta(metas, dirs)
+    check_writable(out_dir)
+    with output_lock(out_dir):
+        check_out_dir(out_dir, meta["settings"])
+        os.makedirs(os.path.join(out_dir, PARTS), exist_ok=True)
+        for layer, part in parts.items():
+            write_json(part_path(out_dir, layer), part)
+        write_json(os.path.join(out_dir, CALIBRATION), merge_calibration([p.calibration for p in profiles]))
+        stats = merge_stats([p.stats for p in profiles], weights)
+        write_csv(os.path.join(out_dir, STATS), stats.to_dict("records"), STATS_COLUMNS)
+        write_tables(out_dir, parts)
         write_json(os.path.join(out_dir, META), meta)
     return meta

@@ -444,6 +444,16 @@ def test_missing_table_is_reported(profile_copy, name):
         load_profile(profile_copy)
 
 
+@pytest.mark.parametrize("name", ["profile.csv", "heads.csv", "stats.csv", "windows.csv"])
+@pytest.mark.parametrize("content", [b"", b"\xff\xfe\x00garbage\n"])
+def test_unreadable_table_is_reported_by_name(profile_copy, name, content):
+    """Each of the four tables is read by one reader: emptied or not text, it names itself and the fix."""
+    with open(os.path.join(profile_copy, name), "wb") as f:
+        f.write(content)
+    with pytest.raises(SensprofError, match=f"{name} of profile .* is corrupt; .*sensprof profile"):
+        load_profile(profile_copy)
+
+
 def test_other_damage_is_reported(profile_copy, tmp_path):
     os.remove(os.path.join(profile_copy, "calibration.json"))
     with pytest.raises(SensprofError, match="missing"):
