@@ -5,7 +5,7 @@
 #   smollm2: sensprof target (any scheme per layer) at 5 and 8 bits, from the default profile (profiles/smollm2-135m);
 #     vllm target (every vLLM 0.33 dtype on Hopper, vLLM's boundary layers kept) at 4.5 (the least any dtype fits
 #     in), 5, 6 and 8 bits, from `sensprof profile --target vllm` (profiles/smollm2-135m-vllm), and per layer for
-#     Hopper through sensprof's vLLM plugin at 6; the two reports;
+#     Hopper through sensprof's vLLM plugin at 6; a sweep of 3-8 bits measured at 1024 tokens; the two reports;
 #   engines: vLLM's CPU backend (--vllm-gpu cpu) at 8 and 9 bits, each run in vLLM itself beside sensprof's emulation
 #     (`sensprof validate --engine vllm`), per layer through the plugin at 6 and 8 bits (checked there too) and what
 #     per-layer plans buy in the engine; llama.cpp at 6 bits, checked
@@ -45,7 +45,10 @@ if wants smollm2; then
   sensprof plan "$vprofile" --target vllm --vllm-gpu hopper --per-layer --avg-bits 6 --out "$plan" > /dev/null
   sensprof export "$plan" --format vllm > "${plan%.json}.vllm.txt"
   python benchmarks/vllm_per_layer_value.py "$vprofile" --vllm-gpu hopper --avg-bits 5,6,7,8,9,10 --seq-len 1024
-  sensprof report "$profile" --plan plans/smollm2-135m-sensprof-5bits.json --out plans/report > /dev/null
+  # the default profile's plans at 3-8 bits, each measured at 1024 tokens beside the uniform settings (a sweep)
+  sensprof sweep "$profile" --validate --seq-len 1024 --out plans/sweep-smollm2-135m-sensprof > /dev/null
+  sensprof report "$profile" --plan plans/smollm2-135m-sensprof-5bits.json --sweep plans/sweep-smollm2-135m-sensprof \
+    --out plans/report > /dev/null
   sensprof report "$vprofile" --plan plans/smollm2-135m-vllm-5bits.json --out plans/report-vllm > /dev/null
 fi
 if wants engines; then
