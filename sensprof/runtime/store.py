@@ -158,8 +158,8 @@ class TensorStore:
     # ------------------------------------------------------------------ writing
     def append(self, x: torch.Tensor) -> None:
         self.dtype = x.dtype
-        if self.sink is None:
-            self.sink = x[..., :0, :]
+        if self.sink is None:  # a tensor of its own: a view of x would keep the whole first append (a prefill) alive
+            self.sink = x.new_empty(x.shape[:-2] + (0, x.shape[-1]))
             self._pending.append(x[..., :0, :])
         s = self.scheme
         # the first S tokens ever seen are the sinks (even after a sliding window evicted them)
@@ -200,8 +200,8 @@ class TensorStore:
             self._scale.append(q.scale)
             if q.zero is not None:
                 self._zero.append(q.zero)
-        elif self._constant is None:  # one constant scale per layer or per head
-            self._constant = (q.scale, q.zero)
+        elif self._constant is None:  # one constant scale per layer or per head, copied out of the append's tensors
+            self._constant = tuple(None if t is None else t.clone() for t in (q.scale, q.zero))
         if self.sliding or not self.chunk_tokens:
             self.chunk_tokens.append(n)
         else:

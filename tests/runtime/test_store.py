@@ -1,5 +1,7 @@
 """TensorStore: streaming storage of one layer's K or V holds what the profiler's fake quantization computes."""
 
+import types
+
 import pytest
 import torch
 
@@ -110,6 +112,38 @@ def test_nbytes_counts_what_is_held_and_capacity_what_is_allocated(name):
         assert held == layer_cache_bytes(s, store.total, 3, 64)
         assert held <= store.capacity_nbytes() <= 2 * held + slack
 
+
+
+def _storages(obj, seen=None) -> dict:
+    """{storage pointer: bytes} of every tensor an object's attributes reach (buffers, lists, dicts, objects)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, (types.ModuleType, type)):
+        return {}  # a module (the kernels) or a class is shared by every store, not held by one
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        st = obj.untyped_storage()
+        return {st.data_ptr(): st.nbytes()} if st.nbytes() else {}
+    items = (obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple))
+             else vars(obj).values() if hasattr(obj, "__dict__") else ())
+    out = {}
+    for x in items:
+        if not isinstance(x, (str, bytes, int, float, type(None))):
+            out.update(_storages(x, seen))
+    return out
+
+
+@pytest.mark.parametrize("name", ["int4_c32", "int4_t32", "int2_c64_r16_s4", "fp8_e4m3", "none"])
+def test_a_store_keeps_no_more_memory_alive_than_it_counts(name):
+    """No view into what was appended outlives the append: a store without sinks once kept its whole first append
+    (a prefill's keys or values) alive through the empty view that began its sinks, and a constant-scale one the
+    first chunk's per-token scales through a view of one, both uncounted by capacity_nbytes."""
+    x = torch.randn(1, 3, 2000, 64, generator=torch.Generator().manual_seed(4))
+    store = TensorStore(get_scheme(name))
+    store.append(x.clone())  # a prefill: its own tensor, which the caller then drops
+    for i in range(5):
+        store.append(torch.randn(1, 3, 1, 64))
+    unit_scale = 4  # fp8 without scales holds its unit scale as one float, which the plan prices at nothing
+    assert sum(_storages(store).values()) <= store.capacity_nbytes() + unit_scale
 
 @pytest.mark.parametrize("name", ["int4_c32", "int4_t32", "int2_c64_r16_s4", "int6_t128_r8", "none"])
 def test_sliding_windows_stay_correct_over_many_appends(name):
