@@ -3,7 +3,8 @@
 More windows are what steadies a plan (docs/plan-quality.md: on SmolLM2-135M three windows met targets that one
 missed); profiling them later and merging costs only the new windows. Each cell's KL on each window is kept
 (`kl_windows`), so the merged KL and its spread are exactly those of one profile of all the windows; dNLL and the
-local metrics are windows-weighted means (each window is the same number of positions); calibration takes each
+local metrics are windows-weighted means (each window is the same number of positions; out_rel_l2, a ratio
+over all positions, so approximately); calibration takes each
 head's largest absmax, the cache statistics their windows-weighted mean (their maxima the largest).
 """
 
@@ -19,10 +20,12 @@ WEIGHTED = ("dnll", "attn_kl", "out_rel_l2")
 STATS_MAX = ("outlier_ratio_max", "absmax")
 
 
-def differs_only_in_windows(a: dict, b: dict) -> bool:
-    """Two profiles' settings differ, and only in which windows of the text they read."""
-    keys = set(a) | set(b)
-    return a != b and all(a.get(k) == b.get(k) for k in keys - set(WINDOW_SETTINGS))
+def is_window_merge(settings: list[dict]) -> bool:
+    """The profiles' settings differ, and only in which windows of the text they read."""
+    def rest(s):
+        return {k: v for k, v in s.items() if k not in WINDOW_SETTINGS}
+
+    return any(s != settings[0] for s in settings) and all(rest(s) == rest(settings[0]) for s in settings)
 
 
 def check_window_merge(dirs: list[str], metas: list[dict]) -> None:

@@ -13,8 +13,8 @@ from ..errors import SensprofError
 from ..files import (LOCK, atomic_write_bytes, atomic_write_text, check_artifact, check_no_symlinks, check_writable,
                     output_lock, read_json, safe_name, write_json)
 from ..specs import compact_ranges
-from .merge_windows import (check_window_merge, differs_only_in_windows, merge_calibration, merge_parts,
-                            merge_stats, merged_meta)
+from .merge_windows import (check_window_merge, is_window_merge, merge_calibration, merge_parts, merge_stats,
+                            merged_meta)
 
 FORMAT_VERSION = 1
 KIND = "sensprof-profile"
@@ -450,9 +450,7 @@ def merge_profiles(dirs: list[str], out_dir: str) -> dict:
                                 "new directory as --out")
     metas = [load_meta(d) for d in dirs]
     base = metas[0]
-    if any(differs_only_in_windows(base["settings"], m["settings"]) for m in metas[1:]) and all(
-            m["settings"] == base["settings"] or differs_only_in_windows(base["settings"], m["settings"])
-            for m in metas[1:]):
+    if is_window_merge([m["settings"] for m in metas]):
         return _merge_windows(dirs, metas, out_dir)
     for d, m in zip(dirs[1:], metas[1:]):
         if m["settings"] != base["settings"]:
