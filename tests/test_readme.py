@@ -2,6 +2,7 @@
 
 import os
 import re
+import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,6 +18,13 @@ def test_ci_runs_the_readme_test_command():
 
 
 def _markdown_files() -> list[str]:
+    """The repository's own pages: git's list where there is one (a virtual environment inside the checkout holds
+    other projects' pages), else every .md under the root but hidden and build folders."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "*.md"], cwd=ROOT, capture_output=True, check=True).stdout
+        return [os.path.join(ROOT, f) for f in listed.decode().split("\0") if f]
+    except (OSError, subprocess.CalledProcessError):
+        pass
     out = []
     for root, dirs, files in os.walk(ROOT):
         dirs[:] = [d for d in dirs if not d.startswith(".") and not d.endswith(".egg-info") and d != "node_modules"]
