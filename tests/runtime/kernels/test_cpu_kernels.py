@@ -14,6 +14,7 @@ import os
 import re
 import select
 import shutil
+import subprocess
 import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -190,10 +191,22 @@ def test_later_calls_start_no_threads_and_give_the_same_result(threads_of, monke
                     reason="reads /proc/self/maps; GCC's OpenMP")
 def test_the_kernels_run_on_torchs_own_openmp_threads():
     """Built with OpenMP, the kernels load no second OpenMP runtime: their parallel regions reuse torch's team,
-    whose workers are still spinning after torch's last op (threads of their own would compete with them)."""
+    whose workers are still spinning after torch's last op (threads of their own would compete with them). Checked
+    in a fresh process, before and after the kernels load: other libraries bring their own (transformers 5.17
+    imports scikit-learn, which maps its own libgomp), which is not the kernels' doing."""
     assert cpu_kernels.threading() == "openmp"
-    maps = open("/proc/self/maps").read()
-    assert len(set(re.findall(r"\S*/libgomp[^/\s]*", maps))) == 1
+    script = (
+        "import re, torch, transformers\n"
+        "gomp = lambda: set(re.findall(r'\\S*/libgomp[^/\\s]*', open('/proc/self/maps').read()))\n"
+        "before = gomp()\n"
+        "from sensprof.runtime.kernels import cpu_kernels\n"
+        "assert cpu_kernels.threading() == 'openmp'\n"
+        "print(sorted(before)); print(sorted(gomp() - before))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    torch_gomp, added = out.stdout.splitlines()[-2:]
+    assert "torch/lib/libgomp" in torch_gomp  # torch's own runtime is the one there to reuse
+    assert added == "[]", f"the kernels loaded another OpenMP runtime: {added}"
 
 
 @needs_compiler
