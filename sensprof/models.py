@@ -182,9 +182,9 @@ def _load_model(name: str, device: str, dtype: str | None, device_map: str | Non
     if not src["gguf_file"]:
         kwargs["use_safetensors"] = True  # never fall back to pickle weights (unpickling can run code)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model, loading = AutoModelForCausalLM.from_pretrained(
             src["path"], dtype=getattr(torch, dtype), attn_implementation="eager",
-            device_map=device_map, **kwargs)
+            device_map=device_map, output_loading_info=True, **kwargs)
     except ValueError as e:
         msg = str(e).splitlines()[0]
         if "Unrecognized configuration class" in msg or "not supported" in msg.lower():
@@ -211,6 +211,10 @@ def _load_model(name: str, device: str, dtype: str | None, device_map: str | Non
     except (OSError, ValueError) as e:
         raise SensprofError(f"cannot load the tokenizer of {name!r}: {str(e).splitlines()[0][:200]}") from None
     describe_layers(model)  # refuse models without hookable attention now, not mid-run
+    missing = sorted(loading.get("missing_keys") or ())
+    if missing:  # transformers starts them at random and only warns: the model measured would not be this one
+        raise SensprofError(f"the weights of {name!r} lack {len(missing)} tensor(s) its config needs (e.g. "
+                            f"{missing[0]}); pass a complete, unmodified model")
     return LoadedModel(model, tokenizer, name, {**src, "device": device, "dtype": dtype})
 
 

@@ -367,6 +367,33 @@ def test_truncated_safetensors(capsys, tiny_model_dir, tmp_path):
     assert "weights of" in msg and "truncated or damaged" in msg and "download or save them again" in msg
 
 
+def test_safetensors_without_a_layers_tensor_is_refused_not_started_at_random(capsys, tiny_model_dir, tmp_path):
+    """transformers fills a tensor missing from the checkpoint with random values and only warns: the profile would
+    measure a model that is not the user's."""
+    from safetensors.torch import load_file, save_file
+
+    d = _model_dir_without_weights(tmp_path, tiny_model_dir, "missing")
+    weights = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    gone = "model.layers.1.self_attn.k_proj.weight"
+    del weights[gone]
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    msg = cli_error(capsys, "profile", "--model", d, *FAST, "--out", tmp_path / "out")
+    assert "lack 1 tensor(s) its config needs" in msg and gone in msg and "pass a complete, unmodified model" in msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_safetensors_with_a_tensor_of_another_shape(capsys, tiny_model_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    d = _model_dir_without_weights(tmp_path, tiny_model_dir, "reshaped")
+    weights = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    name = "model.layers.1.self_attn.k_proj.weight"
+    weights[name] = weights[name][:-1].contiguous()
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    msg = cli_error(capsys, "profile", "--model", d, *FAST, "--out", tmp_path / "out")
+    assert "do not match its config (tensors of other shapes)" in msg and "pass a complete, unmodified model" in msg
+
+
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     gguf = pytest.importorskip("gguf")
@@ -378,6 +405,12 @@ def tiny_gguf(tmp_path_factory):
     w.add_context_length(64)
     w.add_embedding_length(64)
     w.add_head_count(4)
+    # a whole tokenizer (tokens, scores, types), so that what is wrong is the weights on every transformers version
+    # (5.17 refuses a GGUF Llama tokenizer without scores before it looks at the weights)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)] + [f"t{i}" for i in range(61)])
+    w.add_token_scores([0.0] * 320)
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * 61)
     w.add_tensor("token_embd.weight", np.zeros((320, 64), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -399,10 +432,10 @@ def test_truncated_gguf(capsys, tiny_gguf, tmp_path, keep):
     assert not (tmp_path / "out").exists() and not (tmp_path / "s.json").exists()
 
 
-def test_whole_gguf_with_other_tensors_is_not_called_truncated(capsys, tiny_gguf, tmp_path):
-    """The GGUF parses (gguf's reader says so), but its one tensor is not what its config needs."""
+def test_whole_gguf_with_too_few_tensors_is_not_called_truncated(capsys, tiny_gguf, tmp_path):
+    """The GGUF parses (gguf's reader says so), but its one tensor is not all its config needs."""
     msg = cli_error(capsys, "profile", "--model", tiny_gguf, *FAST, "--out", tmp_path / "out")
-    assert "do not match its config" in msg and "truncated" not in msg
+    assert "lack" in msg and "its config needs" in msg and "truncated" not in msg
 
 
 # --------------------------------------------------------------------------- outputs that cannot be written
