@@ -367,29 +367,32 @@ def test_truncated_safetensors(capsys, tiny_model_dir, tmp_path):
     assert "weights of" in msg and "truncated or damaged" in msg and "download or save them again" in msg
 
 
+K_PROJ = "model.layers.1.self_attn.k_proj.weight"
+
+
+def _model_dir_with_edited_weights(tmp_path, tiny_model_dir, name, edit):
+    """A copy of the tiny model whose safetensors weights `edit(weights)` changed in place."""
+    from safetensors.torch import load_file, save_file
+
+    d = _model_dir_without_weights(tmp_path, tiny_model_dir, name)
+    weights = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    edit(weights)
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return d
+
+
 def test_safetensors_without_a_layers_tensor_is_refused_not_started_at_random(capsys, tiny_model_dir, tmp_path):
     """transformers fills a tensor missing from the checkpoint with random values and only warns: the profile would
     measure a model that is not the user's."""
-    from safetensors.torch import load_file, save_file
-
-    d = _model_dir_without_weights(tmp_path, tiny_model_dir, "missing")
-    weights = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
-    gone = "model.layers.1.self_attn.k_proj.weight"
-    del weights[gone]
-    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    d = _model_dir_with_edited_weights(tmp_path, tiny_model_dir, "missing", lambda w: w.pop(K_PROJ))
     msg = cli_error(capsys, "profile", "--model", d, *FAST, "--out", tmp_path / "out")
-    assert "lack 1 tensor(s) its config needs" in msg and gone in msg and "pass a complete, unmodified model" in msg
+    assert "lack 1 tensor(s) its config needs" in msg and K_PROJ in msg and "pass a complete, unmodified model" in msg
     assert not (tmp_path / "out").exists()
 
 
 def test_safetensors_with_a_tensor_of_another_shape(capsys, tiny_model_dir, tmp_path):
-    from safetensors.torch import load_file, save_file
-
-    d = _model_dir_without_weights(tmp_path, tiny_model_dir, "reshaped")
-    weights = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
-    name = "model.layers.1.self_attn.k_proj.weight"
-    weights[name] = weights[name][:-1].contiguous()
-    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    d = _model_dir_with_edited_weights(tmp_path, tiny_model_dir, "reshaped",
+                                       lambda w: w.update({K_PROJ: w[K_PROJ][:-1].contiguous()}))
     msg = cli_error(capsys, "profile", "--model", d, *FAST, "--out", tmp_path / "out")
     assert "do not match its config (tensors of other shapes)" in msg and "pass a complete, unmodified model" in msg
 
