@@ -16,6 +16,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
+def _own_cores_per_worker() -> None:
+    """Under pytest-xdist (the README's `-n 2`), each worker and everything it starts (the CLI, notebook kernels,
+    vLLM and llama.cpp) runs on cores of its own: two workers whose thread pools share both cores spin against each
+    other (an engine check beside the notebook ran 10x its time alone, 2026-12-07). vLLM binds its OpenMP threads
+    itself, so it is told which cores (VLLM_CPU_OMP_THREADS_BIND); llama.cpp's runner counts the cores it may use."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not (worker and count and hasattr(os, "sched_setaffinity")):
+        return
+    cpus, n = sorted(os.sched_getaffinity(0)), int(count)
+    mine = cpus[int(worker.removeprefix("gw")) % n::n] if len(cpus) >= n else cpus
+    os.sched_setaffinity(0, mine)
+    os.environ["OMP_NUM_THREADS"] = str(len(mine))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, mine))
+    torch.set_num_threads(len(mine))
+
+
+_own_cores_per_worker()
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread(request):
     """Tiny tensors: one intra-op thread is faster (no spinning on a busy 2-core box) and deterministic.

@@ -4,6 +4,8 @@ import os
 import re
 import subprocess
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -52,3 +54,20 @@ def test_every_relative_link_in_the_docs_leads_somewhere():
             elif anchor and target.endswith(".md") and anchor not in _anchors(target):
                 broken.append(f"{os.path.relpath(page, ROOT)}: {link} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+@pytest.mark.skipif(not os.environ.get("PYTEST_XDIST_WORKER") or not hasattr(os, "sched_getaffinity"),
+                    reason="checks the README's `pytest -n 2`: run under pytest-xdist")
+def test_each_worker_and_what_it_starts_run_on_cores_of_their_own():
+    """conftest pins each xdist worker to its share of the cores; a child process (an engine, the CLI) inherits it,
+    and vLLM is told the same cores (it binds its threads itself)."""
+    import sys
+
+    mine = os.sched_getaffinity(0)
+    if (os.cpu_count() or 1) >= int(os.environ["PYTEST_XDIST_WORKER_COUNT"]) > 1:
+        assert len(mine) < (os.cpu_count() or 1)  # a share, not every core
+    child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                           capture_output=True, text=True, timeout=60).stdout.strip()
+    assert child == str(sorted(mine))
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, sorted(mine)))
+    assert os.environ["OMP_NUM_THREADS"] == str(len(mine))

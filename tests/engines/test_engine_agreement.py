@@ -69,7 +69,7 @@ def _check(rows):
     return table
 
 
-def test_vllm_cpu_backend_agrees_with_the_emulation(smollm2, windows, absmax, tmp_path):
+def test_vllm_cpu_backend_agrees_with_the_emulation(smollm2, windows, absmax, tmp_path, monkeypatch):
     engine = find_engine_python("vllm")
     if not cpu_has_fp8(engine):  # the one documented switch on the CPU (docs/engines.md)
         pytest.skip("vLLM's CPU backend stores an fp8 cache only on x86 with AVX-512 or AMX, which this CPU lacks")
@@ -80,9 +80,12 @@ def test_vllm_cpu_backend_agrees_with_the_emulation(smollm2, windows, absmax, tm
             if r.name not in ("fp8 cal skip", "fp8_e5m2 skip")] + [
         vllm_cpu_mixed_run("smollm2-135m", smollm2.model, SKIP), vllm_cpu_asym_run("smollm2-135m", smollm2.model, SKIP),
         vllm_run(load_plan(PLANNED), "cpu", "planned per-layer")]  # as `sensprof plan --per-layer` made it
-    temp_before = set(os.listdir(tempfile.gettempdir()))
+    temp = tmp_path / "tmp"  # the run's temporary folder, its own: another test beside it (pytest -n) writes elsewhere
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     eng = engine_measurements("vllm", engine, smollm2, windows, runs, str(tmp_path / "vllm.log"))
-    left = {n for n in set(os.listdir(tempfile.gettempdir())) - temp_before if n.startswith(("vllm", "sensprof"))}
+    left = {n for n in os.listdir(temp) if n.startswith(("vllm", "sensprof"))}
     assert not left, f"the engine run left {sorted(left)} in the temporary folder"
     emu = emulated_damage(smollm2, windows, runs)
     rows = agreement_rows(engine, runs, windows, eng, emu)

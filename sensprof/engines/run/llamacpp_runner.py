@@ -16,6 +16,12 @@ import os
 import sys
 
 
+def _usable_cores() -> int:
+    """The cores this process may run on (taskset, a container's cpuset), not the machine's: llama.cpp's threads spin,
+    and more threads than cores would wait on each other."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _type(name: str) -> int:
     import llama_cpp
 
@@ -41,7 +47,7 @@ def _logits(job: dict, config: dict):
     ubatch = min(config.get("ubatch") or n, n, 512)  # a smaller one: the engine's floor (validate_engine.py)
     llm = Llama(model_path=job["model"], n_ctx=n, n_batch=n, n_ubatch=ubatch, logits_all=True,
                 type_k=_type(config["type_k"]), type_v=_type(config["type_v"]), flash_attn=True, seed=0,
-                n_threads=job.get("threads") or os.cpu_count(), verbose=False)
+                n_threads=job.get("threads") or _usable_cores(), verbose=False)
     try:
         for ids in job["windows"]:
             llm.reset()
