@@ -106,3 +106,16 @@ def test_a_job_that_ends_normally_releases_its_reaper(tmp_path):
     pids = [int(x) for x in (work / "pids").read_text().split()]
     assert _wait_for(lambda: not any(_alive(p) for p in pids)) and work.exists()
     assert _wait_for(lambda: {p.pid for p in psutil.Process().children(recursive=True) if _alive(p.pid)} <= before, 10)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux CPU affinity and two cores to tell them apart")
+def test_the_llamacpp_runner_starts_a_thread_per_core_it_may_use():
+    """llama.cpp's threads spin, so the runner starts one per core its process may run on (taskset, a cpuset, a pinned
+    pytest worker), not one per core of the machine (os.cpu_count(): two threads fighting over one core)."""
+    runner = os.path.join(os.path.dirname(__file__), "..", "..", "sensprof", "engines", "run", "llamacpp_runner.py")
+    script = ("import os, runpy; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+              f"print(runpy.run_path({runner!r})['_usable_cores']())")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "1"
