@@ -595,13 +595,18 @@ def test_dense_models_of_other_architectures_are_served_as_planned(engine, arch)
     takes the plan's bytes per token, and the tokens are the same alone and batched."""
     r = _ok(engine[f"dense-{arch}"])
     assert [l["name"] for l in r["layers"]] == [f"model.layers.{i}.self_attn.attn" for i in range(4)]
-    assert [l["kv_cache_dtype"] for l in r["layers"]] == ["auto" if P.is_pair(d) else d for d in ASYM]
-    assert [l["backend"] for l in r["layers"]] == ["SENSPROF_KV" if P.is_pair(d) else "CPU_ATTN" for d in ASYM]
-    assert [l["formats"] for l in r["layers"]] == [list(P.pair_components(d) or ()) for d in ASYM]
+    _assert_layers_as_planned(r, ASYM)
     tokens = r["kv"]["num_blocks"] * r["kv"]["block_size"]
     want = P.parse_plan(plan(ASYM, arch=DENSE[arch][1], num_kv_heads=2, head_dim=32)).kv_bytes_per_token(4)
     assert r["kv"]["bytes_per_token"] == want == sum(l["cache_bytes"] for l in r["layers"]) / tokens == 1032
     assert r["alone"] == r["together"] and all(len(t) == 8 for t in r["alone"])
+
+
+def _assert_layers_as_planned(r, layers):
+    """Each running layer as the plan says: a vLLM dtype on CPU_ATTN, a K/V pair on SENSPROF_KV with its formats."""
+    assert [l["kv_cache_dtype"] for l in r["layers"]] == ["auto" if P.is_pair(d) else d for d in layers]
+    assert [l["backend"] for l in r["layers"]] == ["SENSPROF_KV" if P.is_pair(d) else "CPU_ATTN" for d in layers]
+    assert [l["formats"] for l in r["layers"]] == [list(P.pair_components(d) or ()) for d in layers]
 
 
 def _same_start(r, own):
@@ -657,9 +662,7 @@ def test_sliding_window_plan_is_served_as_priced(engine, name, layers):
     token (cpu_pool, the arithmetic sensprof prices with), each layer's cache view its own bytes; the same tokens
     alone and batched, past the 16-token window."""
     r = _ok(engine[name])
-    assert [l["kv_cache_dtype"] for l in r["layers"]] == ["auto" if P.is_pair(d) else d for d in layers]
-    assert [l["backend"] for l in r["layers"]] == ["SENSPROF_KV" if P.is_pair(d) else "CPU_ATTN" for d in layers]
-    assert [l["formats"] for l in r["layers"]] == [list(P.pair_components(d) or ()) for d in layers]
+    _assert_layers_as_planned(r, layers)
     kv = r["kv"]
     pool = P.cpu_pool(_gemma_layers(layers), 4)
     want = P.parse_plan(plan(layers, arch="Gemma3ForCausalLM", num_kv_heads=2, head_dim=32)).kv_bytes_per_token(4)

@@ -14,8 +14,8 @@ uniform = blocks[blocks.kind == "uniform"].set_index(["bits", "slot", "block"]).
 print(f"{'bits':>4} {'plan':<40} {'read 4':>14} {'other 4':>14} {'all 8':>14}")
 for (b, config), g in blocks[blocks.kind == "plan"].groupby(["bits", "config"], sort=False):
     cells = []
-    for name, slots in (("read", READ), ("other", None), ("all", None)):
-        sel = g[g.slot.isin(READ)] if name == "read" else g[~g.slot.isin(READ)] if name == "other" else g
+    read = g.slot.isin(READ)
+    for sel in (g[read], g[~read], g):
         u = uniform.loc[[(b, s, k) for s, k in zip(sel.slot, sel.block)]].to_numpy()
         d = sel.kl.to_numpy() - u
         se = d.std(ddof=1) / math.sqrt(len(d))
