@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the serving engines that run on a CPU, each in its own virtual environment beside (never inside)
 # sensprof's: vLLM's CPU backend pins its own torch and transformers, and llama-cpp-python compiles llama.cpp.
-#   bash tools/engines/install.sh [vllm] [llamacpp]      (no argument: both)
-# Environments go to $SENSPROF_ENGINES (default ~/.cache/sensprof/engines)/{vllm-cpu,llamacpp}, where
+#   bash tools/engines/install.sh [vllm] [llamacpp] [oldest-transformers]      (no argument: all three)
+# Environments go to $SENSPROF_ENGINES (default ~/.cache/sensprof/engines)/{vllm-cpu,llamacpp,...}, where
 # `sensprof validate --engine` finds them (or name one with --engine-python). Re-running is quick: an environment
 # whose engine already imports is kept (sensprof's vLLM plugin, plugins/vllm, is reinstalled into it every run); pip's
 # cache keeps llama.cpp's compiled wheel.
@@ -10,7 +10,7 @@ set -euo pipefail
 home="${SENSPROF_ENGINES:-${XDG_CACHE_HOME:-$HOME/.cache}/sensprof/engines}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 mkdir -p "$home"
-want=("$@"); [ ${#want[@]} -eq 0 ] && want=(vllm llamacpp)
+want=("$@"); [ ${#want[@]} -eq 0 ] && want=(vllm llamacpp oldest-transformers)
 py="${PYTHON:-python3}"
 
 # sensprof's vLLM plugin (plugins/vllm: serves a per-layer KV dtype plan, docs/vllm-plugin.md), reinstalled from this
@@ -56,10 +56,26 @@ install_llamacpp() {
   echo "llama-cpp-python 0.3.36: $env"
 }
 
+# Not an engine: sensprof itself beside the oldest transformers that pyproject.toml admits (the GPU machine has it; 5.24
+# renamed the attention's cache argument). A venv that sees this Python's packages (sensprof, torch) with that
+# transformers over them; tests/test_oldest_transformers.py runs the version-sensitive tests in it.
+install_oldest_transformers() {
+  local env="$home/oldest-transformers" floor
+  floor=$(sed -n 's/^ *"transformers>=\([0-9.]*\)".*/\1/p' "$root/pyproject.toml")
+  [ -n "$floor" ] || { echo "pyproject.toml names no \"transformers>=X\" floor" >&2; exit 1; }
+  if "$env/bin/python" -c "import importlib.metadata as m, torch; from packaging.version import Version as V
+assert V(m.version('transformers')) == V('$floor')" 2>/dev/null; then
+    echo "transformers $floor: $env (kept)"; return; fi
+  rm -rf "$env"; "$py" -m venv --system-site-packages "$env"
+  "$env/bin/pip" install -q "transformers==$floor"
+  echo "transformers $floor: $env"
+}
+
 for e in "${want[@]}"; do
   case "$e" in
     vllm) install_vllm ;;
     llamacpp) install_llamacpp ;;
-    *) echo "unknown engine '$e': choose vllm or llamacpp" >&2; exit 2 ;;
+    oldest-transformers) install_oldest_transformers ;;
+    *) echo "unknown environment '$e': choose vllm, llamacpp or oldest-transformers" >&2; exit 2 ;;
   esac
 done
