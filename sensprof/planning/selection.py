@@ -1,7 +1,8 @@
 """`plan --select-measured N`: the final choice made by measurement, never by prediction alone.
 
 The planner's plan is one of several candidates: plans at the same budget from other objectives and robustness
-settings, and the strongest uniform configurations that cost no more memory under the same budget. For target
+settings (for target `sensprof` each also with sinks and recent tokens kept, and with its keys stored before RoPE),
+and the strongest uniform configurations that cost no more memory under the same budget. For target
 `sensprof` those are found among every uniform configuration its runtime stores within the budget, the profile's
 menus or not (sensprof.validation.baselines: each scheme alone screened on one of the selection's windows, at the
 length it judges at, the three best pairs by summed KL); for `vllm`, whose plans are one dtype plus layers kept
@@ -152,6 +153,26 @@ def _keeping_recent(plan: Plan, problem, budget, layers: list[dict]) -> Plan | N
         plan.predicted, damage=sum(p.k_damage + p.v_damage for p in new), budget_used=cost, **summary))
 
 
+def _keys_before_rope(plan: Plan, problem, rope: list[bool]) -> Plan | None:
+    """The plan with every per-channel integer key moved before RoPE on the layers that have RoPE (uniforms.before_rope:
+    KVQuant's keys, in the same memory), if that changes anything. Each layer's key damage is the profile's cell of
+    its new scheme, else of its twin after RoPE (uniforms.bounded_scheme: an estimate, which the measurement here and
+    the joint factor correct): on both real models' HTML windows the plans measured 0.69-0.91x their KL with keys
+    after RoPE, where the uniform settings gained 0.87-1.02x (docs/plan-quality.md)."""
+    from .plan import predicted_summary
+    from .uniforms import before_rope
+
+    new = [dataclasses.replace(p, k_scheme=before_rope(p.k_scheme),
+                               k_damage=_cell(problem, p.layer, "K", before_rope(p.k_scheme), p.k_damage, True))
+           if rope[p.layer] else p for p in plan.layers]
+    if all(p.k_scheme == q.k_scheme for p, q in zip(new, plan.layers)):
+        return None
+    summary = {k: v for k, v in predicted_summary(new).items() if k in {f.name for f in dataclasses.fields(
+        plan.predicted)}}
+    return plan.replace(layers=tuple(new), predicted=dataclasses.replace(
+        plan.predicted, damage=sum(p.k_damage + p.v_damage for p in new), **summary))
+
+
 def per_layer_uniform_plan(plan: Plan, c, cells: dict, screened: dict) -> Plan:
     """The per-layer vLLM plan that gives every layer the dtype of uniform configuration `c` (a Uniform with its
     flag), each layer's damage its cell in `cells` ({(layer, "K"|"V", scheme): KL}, the profile's), else its
@@ -214,6 +235,7 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
     from ..models import load_for_profile
     from .plan import make_plan, priced_table
     from .planner import problem_from_table
+    from ..profiling.hooks import layers_with_rope
     from ..profiling.table import load_profile
     from ..targets import get_target
     from .pricing import priced_at
@@ -283,6 +305,11 @@ def select_measured(plan: Plan, profile_dir: str, budget, windows: int, seq_len:
             kept = _keeping_recent(candidate, problem, budget, meta["layers"])
             if kept is not None:
                 plans[f"{label} + sinks and 32 recent tokens"] = kept
+        rope = layers_with_rope(loaded.model)  # and each with its keys before RoPE, where layers have RoPE
+        for label, candidate in list(plans.items()):
+            moved = _keys_before_rope(candidate, problem, rope)
+            if moved is not None:
+                plans[f"{label}, keys before RoPE"] = moved
     screened, uniform_pairs = None, {}  # uniform_pairs: {name: (K, V)} of the uniform candidates a screen found
     if plan.target == "sensprof" and uniform_set == "menus":
         uniforms = uniform_candidates(problem, budget, meta["layers"])

@@ -2,7 +2,8 @@
 
 A uniform configuration gives every layer one K scheme and one V scheme, so it needs no profile cells: it is
 measured directly (sensprof.validation.baselines). The free target (sensprof's runtime) stores any format of the
-registry, not only the profile's menus: keys per channel over 32/64/128-token groups, values per token over
+registry, not only the profile's menus: keys per channel over 32/64/128-token groups (after RoPE, and before it
+where every layer has RoPE: per channel before RoPE beat after it at every budget on Gemma 3 270M), values per token over
 32/64/128-channel groups, 2 to 8 bits, each plain, with 4 sink tokens, or with 4 sink tokens and a 32-token residual
 window (a model whose values need sinks but no recent window pays 32 tokens less); fp8 and
 int8 per token-head; either tensor left unquantized. Within a budget most of those are beaten by construction: one
@@ -44,9 +45,12 @@ class Uniform:
         return f"uniform {self.label}"
 
 
-def key_schemes(head_dims) -> list[str]:
-    """Every key scheme the free target stores: per channel (KIVI keys), per token-head, or none."""
-    return ["none", *PER_TOKEN_HEAD, *(f"int{b}_c{g}{e}" for b in BITS for g in GROUPS for e in EXTRAS)]
+def key_schemes(head_dims, pre_rope: bool = False) -> list[str]:
+    """Every key scheme the free target stores: per channel (KIVI keys), and with `pre_rope` (a model whose every
+    layer has RoPE) per channel before RoPE too (KVQuant keys), per token-head, or none."""
+    where = ("", "_pre") if pre_rope else ("",)
+    return ["none", *PER_TOKEN_HEAD,
+            *(f"int{b}_c{g}{p}{e}" for b in BITS for g in GROUPS for p in where for e in EXTRAS)]
 
 
 def value_schemes(head_dims) -> list[str]:
@@ -72,17 +76,18 @@ def at_least_as_precise(a: str, b: str) -> bool:
             and sa.sink >= sb.sink)
 
 
-def within_budget(budget, layers: list[dict], limit: float | None = None) -> list[Uniform]:
+def within_budget(budget, layers: list[dict], limit: float | None = None, pre_rope: bool = False) -> list[Uniform]:
     """Every uniform configuration of the free target that costs no more than `limit` (default the budget's), the
-    all-unquantized one left out."""
+    all-unquantized one left out; keys before RoPE with `pre_rope` (every layer has RoPE)."""
     limit = budget.limit(layers) if limit is None else limit
     dims = {layer["head_dim"] for layer in layers}
+    keys, values = key_schemes(dims, pre_rope), value_schemes(dims)
     cost = {}
-    for tensor, names in (("K", key_schemes(dims)), ("V", value_schemes(dims))):
+    for tensor, names in (("K", keys), ("V", values)):
         for name in names:
             s = get_scheme(name)
             cost[tensor, name] = sum(budget.cost(s, layer) for layer in layers)
-    out = [Uniform(k, v, cost["K", k] + cost["V", v]) for k in key_schemes(dims) for v in value_schemes(dims)
+    out = [Uniform(k, v, cost["K", k] + cost["V", v]) for k in keys for v in values
            if (k, v) != ("none", "none") and cost["K", k] + cost["V", v] <= limit * (1 + 1e-9)]
     return out
 
@@ -96,9 +101,9 @@ def maximal(configs: list[Uniform]) -> list[Uniform]:
     return sorted(keep, key=lambda c: (c.cost, c.k, c.v))
 
 
-def candidates(budget, layers: list[dict], limit: float | None = None) -> list[Uniform]:
+def candidates(budget, layers: list[dict], limit: float | None = None, pre_rope: bool = False) -> list[Uniform]:
     """The uniform configurations worth measuring within the budget (or `limit`): the maximal ones."""
-    found = maximal(within_budget(budget, layers, limit))
+    found = maximal(within_budget(budget, layers, limit, pre_rope))
     if not found:
         raise SensprofError("no uniform configuration fits the budget; raise it (e.g. --avg-bits 4)")
     return found
@@ -146,14 +151,41 @@ def kept_recent_base(name: str) -> str | None:
         return None
 
 
-def bounded_scheme(name: str, measured) -> str:
-    """The scheme whose cell prices `name` from above: itself where `measured(name)`, else the base `keep_recent`
-    made it from (kept_recent_base) where that was measured, else itself (no cell: the caller's missing value).
-    Shared by the selection's sums (a damage dict) and validate's plan row (a profile table)."""
-    if measured(name):
+def before_rope(name: str) -> str:
+    """The key scheme stored before RoPE (`_pre`, in the name grammar's place: after the base, before `_r`/`_s`):
+    per-channel integer keys only (KVQuant's); any other scheme, or one already before RoPE, is itself."""
+    if name == "none":
         return name
-    base = kept_recent_base(name)
-    return base if base is not None and measured(base) else name
+    s = get_scheme(name)
+    if s.pre_rope or s.format != "int" or s.granularity != "channel" or s.is_engine or s.rotation:
+        return name
+    tail = (f"_r{s.residual}" if s.residual else "") + (f"_s{s.sink}" if s.sink else "")
+    return name.removesuffix(tail) + "_pre" + tail
+
+
+def after_rope(name: str) -> str | None:
+    """The twin after RoPE of a key scheme stored before it; None for any other scheme."""
+    if name == "none" or not get_scheme(name).pre_rope:
+        return None
+    return name.replace("_pre", "", 1)
+
+
+def bounded_scheme(name: str, measured) -> str:
+    """The scheme whose cell prices `name`: itself where `measured(name)`; else the base `keep_recent` made it from
+    (kept_recent_base), an upper bound (kept tokens only remove error); else, for keys before RoPE, the same tried on
+    their twin after RoPE (`after_rope`: an estimate, not a bound, which the selection's measurement and joint factor
+    correct); else itself (no cell: the caller's missing value). Shared by the selection's sums (a damage dict) and
+    validate's plan row (a profile table)."""
+    twin = after_rope(name)
+    for candidate in (name, twin):
+        if candidate is None:
+            continue
+        if measured(candidate):
+            return candidate
+        base = kept_recent_base(candidate)
+        if base is not None and measured(base):
+            return base
+    return name
 
 
 def rank(configs: list[Uniform], k_damage: dict[str, float], v_damage: dict[str, float], top: int) -> list[Uniform]:

@@ -132,6 +132,17 @@ def _checked_sdpa(model, session):
     return sdpa if len(errors) == len(session.attn_modules) and max(errors) <= tol else None
 
 
+def layers_with_rope(model) -> list[bool]:
+    """Which attention layers are given RoPE's position embeddings (a NoPE layer is given none): keys can be stored
+    before RoPE only there. Two tokens through the model tell."""
+    import torch
+
+    device = model.get_input_embeddings().weight.device
+    with attention_taps(model, fast=False) as session, torch.inference_mode():
+        model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=device), use_cache=False)
+        return [session.rope.get(i) is not None for i in range(len(session.attn_modules))]
+
+
 @contextlib.contextmanager
 def attention_taps(model, fast: bool = True):
     """Route the model's attention through sensprof; restore everything on exit, even on error.
@@ -151,7 +162,10 @@ def attention_taps(model, fast: bool = True):
             pe = kwargs.get("position_embeddings")
             if pe is None and len(args) > 1:
                 pe = args[1]
-            session.rope[index] = pe if isinstance(pe, (tuple, list)) and len(pe) == 2 else None
+            # a NoPE layer is handed the position embeddings too and leaves them unused (SmolLM3's, Llama 4's
+            # use_rope = 0)
+            rotates = bool(getattr(module, "use_rope", True))
+            session.rope[index] = pe if rotates and isinstance(pe, (tuple, list)) and len(pe) == 2 else None
 
         return hook
 

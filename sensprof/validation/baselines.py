@@ -15,6 +15,7 @@ import math
 
 from ..artifacts import HAND_MADE, LayerPlan, Plan
 from ..planning.uniforms import Uniform, candidates, per_layer_candidates, rank
+from ..profiling.hooks import layers_with_rope
 from .validate import layer_choices, measure
 
 TOP = 3  # baselines measured whole beside the plan
@@ -96,7 +97,8 @@ def best_uniforms_each(model, ids, template: Plan, bounds, reads: str = "streami
                        known=None):
     """([the `top` baselines of each (budget, limit) in `bounds`], K screen, V screen): one screen of every scheme
     any of them can use (a sweep's budgets share it)."""
-    found = [baseline_candidates(template, budget, limit) for budget, limit in bounds]
+    pre_rope = all(layers_with_rope(model))
+    found = [baseline_candidates(template, budget, limit, pre_rope) for budget, limit in bounds]
     k_damage, v_damage = screen(model, ids, template, [c for each in found for c in each], reads, log, known)
 
     def best(configs):
@@ -106,17 +108,17 @@ def best_uniforms_each(model, ids, template: Plan, bounds, reads: str = "streami
     return [best(each) for each in found], k_damage, v_damage
 
 
-def baseline_candidates(plan: Plan, budget, limit: float | None = None) -> list[Uniform]:
+def baseline_candidates(plan: Plan, budget, limit: float | None = None, pre_rope: bool = False) -> list[Uniform]:
     """What a uniform baseline of this plan may be: for a per-layer vLLM plan each dtype the plugin serves on its
     platform, alone on every layer (vLLM's own and the K/V pairs); otherwise every configuration the free target
-    stores (sensprof.planning.uniforms)."""
+    stores (sensprof.planning.uniforms), keys before RoPE among them with `pre_rope` (every layer has RoPE)."""
     layers = layer_info(plan.layers)
     if plan.layer_dtypes:
         from ..targets import get_target
 
         tgt = get_target("vllm", plan.engine.vllm_gpu, head_dims={p.head_dim for p in plan.layers}, per_layer=True)
         return per_layer_candidates(tgt.dtypes, budget, layers, limit)
-    return candidates(budget, layers, limit)
+    return candidates(budget, layers, limit, pre_rope)
 
 
 def baseline_name(c: Uniform) -> str:

@@ -112,9 +112,10 @@ def test_every_uniform_configuration_sensprof_stores_is_a_baseline(sel, tmp_path
     assert screen["tokens"] == 128  # the whole of the selection's window: ranked at the length it judges at
     meta_layers = [{"kv_heads": p.kv_heads, "head_dim": p.head_dim, "kind": p.kind, "window": p.window}
                    for p in plan.layers]
-    found = candidates(Budget("avg_bits", 5.0), meta_layers)
+    found = candidates(Budget("avg_bits", 5.0), meta_layers, pre_rope=True)  # the tiny Llama: RoPE on every layer
     assert set(screen["k"]) == {c.k for c in found} - {"none"}
     assert any(k not in K.split(",") for k in screen["k"])  # outside the menus
+    assert any("_pre" in k for k in screen["k"])  # keys before RoPE too
     uniforms = [c for c in s["candidates"] if c["uniform"]]
     assert len(uniforms) == 3 and all(c["name"].startswith("uniform ") for c in uniforms)
     summed = sorted(screen["k"].get(c.k, 0.0) + screen["v"].get(c.v, 0.0) for c in found)
@@ -134,6 +135,14 @@ def test_every_uniform_configuration_sensprof_stores_is_a_baseline(sel, tmp_path
     own = next(c for c in s["candidates"] if c["name"] == "plan")
     assert kept["predicted_kl"] == pytest.approx(own["predicted_kl"])
     assert kept["predicted_kl_here"] == pytest.approx(own["predicted_kl_here"])
+    # and each plan with its keys before RoPE (every layer of the tiny Llama has RoPE), in the same memory, priced by
+    # the cells of its keys' twins after RoPE (the menus hold no `_pre` key), and measured apart from the plan
+    for name in ("plan", "plan + sinks and 32 recent tokens"):
+        mine = next(c for c in s["candidates"] if c["name"] == name)
+        moved = next(c for c in s["candidates"] if c["name"] == f"{name}, keys before RoPE")
+        assert moved["budget_used"] == pytest.approx(mine["budget_used"]) and not moved["uniform"]
+        assert moved["predicted_kl"] == pytest.approx(mine["predicted_kl"])
+        assert moved["measured_kl"] != mine["measured_kl"]
     best = min(s["candidates"], key=lambda c: c["measured_kl"])
     assert s["chosen"] == best["name"] and s["uniform_won"] == best["uniform"]
     assert best["uniform"]  # on this tiny model one does (int6 values, outside the menus): the plan is it
@@ -560,3 +569,27 @@ def test_validate_prices_a_plan_keeping_sinks_outside_the_profile(sel, tmp_path)
     won = kept.replace(solver=dataclasses.replace(kept.solver, select={"uniform_won": True, "candidates": []}))
     df = validation_table(won, fake, {"plan": won.layers}, profile.table, 128, profile.meta).set_index("config")
     assert math.isnan(df.loc["plan", "per_layer_sum"])
+
+
+def test_keys_move_before_rope_only_on_layers_with_rope():
+    """A NoPE layer (SmolLM3's every 4th) keeps its keys after RoPE; the damage read for a moved key is its own cell
+    where the profile has one, else its twin's after RoPE."""
+    import dataclasses
+
+    from sensprof.artifacts import LayerPlan, Plan
+    from sensprof.planning.selection import _keys_before_rope
+
+    layers = [LayerPlan(i, "full", None, 2, 32, k, "int4_t32", 0.0, 0.0, {})
+              for i, k in enumerate(("int4_c32", "int4_c32", "int2_c32_r32_s4", "int8_per_token_head"))]
+    plan = Plan.hand_made("tiny", "fp", layers)
+    cells = {(0, "K", "int4_c32"): 1.0, (1, "K", "int4_c32"): 2.0, (1, "K", "int4_c32_pre"): 0.5,
+             (2, "K", "int2_c32"): 3.0}
+    problem = types.SimpleNamespace(damage=cells)
+    moved = _keys_before_rope(plan, problem, [True, True, False, True])
+    assert [p.k_scheme for p in moved.layers] == ["int4_c32_pre", "int4_c32_pre", "int2_c32_r32_s4",
+                                                  "int8_per_token_head"]
+    assert [p.k_damage for p in moved.layers][:2] == [1.0, 0.5]
+    assert [p.v_scheme for p in moved.layers] == [p.v_scheme for p in plan.layers]
+    assert moved.predicted.damage == pytest.approx(1.5)
+    nothing = plan.replace(layers=tuple(dataclasses.replace(p, k_scheme="none") for p in plan.layers))
+    assert _keys_before_rope(nothing, problem, [True] * 4) is None

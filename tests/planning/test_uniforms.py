@@ -11,6 +11,7 @@ from sensprof.errors import SensprofError
 from sensprof.planning.budget import Budget
 from sensprof.planning.uniforms import (Uniform, at_least_as_precise, candidates, keep_recent, key_schemes, maximal,
                                         rank, value_schemes, within_budget)
+from sensprof.schemes import get_scheme
 
 SMOL = [{"kv_heads": 3, "head_dim": 64, "kind": "full", "window": None}] * 30  # SmolLM2-135M's cache shape
 
@@ -123,3 +124,41 @@ def test_per_layer_candidates_are_each_plugin_dtype_alone_within_the_budget():
     assert "k:int8_t32/v:int4_t32" not in flags  # int8_t32/int6_t32 fits and is at least as precise
     with pytest.raises(SensprofError, match="no per-layer vLLM dtype fits the budget"):
         per_layer_candidates(tgt.dtypes, Budget("avg_bits", 2), GEMMA)
+
+
+def test_keys_before_rope_are_candidates_only_where_every_layer_has_rope():
+    """Per channel before RoPE (KVQuant keys) beat per channel after it at 3-6 bits on Gemma 3 270M; a NoPE layer has
+    no RoPE to quantize before, so a model with one gets only the keys after RoPE."""
+    after, both = key_schemes({64}), key_schemes({64}, pre_rope=True)
+    pre = [k for k in both if "_pre" in k]
+    assert not any("_pre" in k for k in after)
+    assert set(after) < set(both) and len(pre) == len([k for k in after if re.match(r"int\d_c\d+", k)])
+    assert {"int4_c64_pre", "int4_c64_pre_r32_s4", "int3_c128_pre_s4"} <= set(pre)
+    budget = Budget("avg_bits", 4.0)
+    plain = {(c.k, c.v) for c in candidates(budget, SMOL)}
+    with_pre = {(c.k, c.v) for c in candidates(budget, SMOL, pre_rope=True)}
+    assert plain < with_pre  # keys before RoPE are a layout of their own: no configuration after RoPE displaces one
+    assert {get_scheme(k).pre_rope for k, _ in with_pre - plain} == {True}
+
+
+def test_keys_move_before_rope_in_the_name_grammars_place_and_back():
+    from sensprof.planning.uniforms import after_rope, before_rope
+
+    moved = {"int5_c128": "int5_c128_pre", "int6_c64_r32_s4": "int6_c64_pre_r32_s4", "int3_c32_s4": "int3_c32_pre_s4"}
+    for name, pre in moved.items():
+        assert before_rope(name) == pre and get_scheme(pre).pre_rope and after_rope(pre) == name
+        assert get_scheme(pre).bits == get_scheme(name).bits and get_scheme(pre).group == get_scheme(name).group
+    for same in ("int4_t64", "none", "fp8_e4m3_cal", "int8_per_token_head", "int4_c64_pre", "q4_0"):
+        assert before_rope(same) == same
+    assert after_rope("int4_c64") is None and after_rope("none") is None
+
+
+def test_a_key_before_rope_the_profile_lacks_is_priced_by_its_twin_after_rope():
+    from sensprof.planning.uniforms import bounded_scheme
+
+    have = {"int4_c64", "int5_c64_r32_s4"}
+    assert bounded_scheme("int4_c64_pre", have.__contains__) == "int4_c64"
+    assert bounded_scheme("int4_c64_pre_r32_s4", have.__contains__) == "int4_c64"  # the twin's base: kept tokens
+    assert bounded_scheme("int5_c64_pre_r32_s4", have.__contains__) == "int5_c64_r32_s4"
+    assert bounded_scheme("int4_c64_pre", (have | {"int4_c64_pre"}).__contains__) == "int4_c64_pre"  # its own cell
+    assert bounded_scheme("int3_c64_pre", have.__contains__) == "int3_c64_pre"  # nothing to read: the caller's NaN

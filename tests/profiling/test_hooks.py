@@ -262,3 +262,27 @@ def test_stats_tap_k_pre_matches_k_proj_output(tiny_ids):
     mu, var = s1 / n, s2 / n - (s1 / n) ** 2
     kurt = (s4 / n - 4 * mu * s3 / n + 6 * mu * mu * s2 / n - 3 * mu ** 4) / var ** 2
     assert kp.kurtosis() == pytest.approx(kurt, rel=1e-5)
+
+
+# ---------------------------------------------------------------- layers_with_rope
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_layer_of_the_rope_models_has_rope(arch):
+    assert hooks.layers_with_rope(make_tiny_model(arch)) == [True] * 3
+
+
+def test_a_nope_layer_has_no_rope_though_it_is_handed_the_position_embeddings():
+    """SmolLM3 gives every 4th layer no RoPE (use_rope = 0) and still passes it cos / sin: keys there cannot be
+    stored before RoPE, and a tap that un-rotated them would quantize keys that were never rotated."""
+    import transformers as tf
+
+    from conftest import _common
+
+    torch.manual_seed(0)
+    model = tf.SmolLM3ForCausalLM(tf.SmolLM3Config(**_common(num_hidden_layers=4, no_rope_layer_interval=4))).eval()
+    assert [m.self_attn.use_rope for m in model.model.layers] == [1, 1, 1, 0]
+    assert hooks.layers_with_rope(model) == [True, True, True, False]
+    with attention_taps(model) as session:  # what a profile records as has_rope
+        model(input_ids=torch.tensor([[3, 4, 5]]), use_cache=False)
+        assert session.rope[3] is None and session.rope[0] is not None

@@ -45,7 +45,8 @@ def test_best_uniforms_are_the_least_summed_screen_within_the_memory(tiny):
     assert limit == pytest.approx(sum(plan.budget.cost(get_scheme(s), info) for p, info in
                                       zip(plan.layers, layer_info(plan.layers)) for s in (p.k_scheme, p.v_scheme)))
     chosen, k, v = best_uniforms(model, ids, plan, limit=limit, top=3)
-    found = candidates(plan.budget, layer_info(plan.layers), limit)
+    found = candidates(plan.budget, layer_info(plan.layers), limit, pre_rope=True)  # every layer has RoPE
+    assert set(k) == {c.k for c in found} - {"none"} and any(get_scheme(name).pre_rope for name in k)
     score = {(c.k, c.v): k.get(c.k, 0.0) + v.get(c.v, 0.0) for c in found}
     assert len(chosen) == 3 and all(c.cost <= limit * (1 + 1e-9) for c in chosen)
     assert [score[c.k, c.v] for c in chosen] == sorted(score.values())[:3]
@@ -101,3 +102,21 @@ def test_a_known_screen_is_not_measured_again(tiny):
     assert recorded_screen(plan, 96) is None
     other_text = plan.replace(solver=dataclasses.replace(plan.solver, select={**record, "text": "mine"}))
     assert recorded_screen(other_text, 96) is None  # chosen on the user's text
+
+
+def test_a_model_with_a_nope_layer_is_screened_with_keys_after_rope_only():
+    """Keys before RoPE need RoPE on every layer (a uniform setting gives every layer the same scheme); SmolLM3's
+    every 4th layer has none."""
+    import transformers as tf
+    from conftest import _common
+
+    torch.manual_seed(0)
+    model = tf.SmolLM3ForCausalLM(tf.SmolLM3Config(**_common(num_hidden_layers=4, no_rope_layer_interval=4,
+                                                                   head_dim=32))).eval()
+    ids = torch.randint(3, VOCAB, (1, 64), generator=torch.Generator().manual_seed(1))
+    layers = [LayerPlan(i.index, i.kind, i.window, i.kv_heads, i.head_dim, "int4_c32", "int4_t32", 0.0, 0.0, {})
+              for i in describe_layers(model)]
+    plan = Plan.hand_made("tiny", "fp", layers).replace(budget=Budget("avg_bits", 5.0, context_len=64))
+    chosen, k, _ = best_uniforms(model, ids, plan, limit=plan_cost(plan), top=3)
+    assert k and not any(get_scheme(name).pre_rope for name in k)
+    assert not any(get_scheme(c.k).pre_rope for c in chosen if c.k != "none")
