@@ -3,10 +3,10 @@
 A uniform configuration gives every layer one K scheme and one V scheme, so it needs no profile cells: it is
 measured directly (sensprof.validation.baselines). The free target (sensprof's runtime) stores any format of the
 registry, not only the profile's menus: keys per channel over 32/64/128-token groups (after RoPE, and before it
-where every layer has RoPE: per channel before RoPE beat after it at every budget on Gemma 3 270M), values per token over
-32/64/128-channel groups, 2 to 8 bits, each plain, with 4 sink tokens, or with 4 sink tokens and a 32-token residual
-window (a model whose values need sinks but no recent window pays 32 tokens less); fp8 and
-int8 per token-head; either tensor left unquantized. Within a budget most of those are beaten by construction: one
+where every layer has RoPE: per channel before RoPE beat after it at every budget on Gemma 3 270M), values per token
+over 32/64/128-channel groups, 2 to 8 bits, each plain, with 4 sink tokens, or with 4 sink tokens and a 32-token
+residual window (a model whose values need sinks but no recent window pays 32 tokens less); fp8 and int8 per
+token-head; either tensor left unquantized. Within a budget most of those are beaten by construction: one
 that fits beside a configuration of the same layouts with at least as many bits, groups no larger and at least as many
 full-precision sink and recent tokens on both tensors is never the one to beat (quantization error only shrinks
 along each of those), so only the maximal configurations are kept (`maximal`), a few dozen at most; a short
