@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = "oldest-transformers"
 
 # Where sensprof meets transformers: loading every architecture and the real GGUF models, the attention taps and
-# hooks, the profile, the planned cache (prefill, decode, sliding windows) and validation through it.
+# hooks, the profile, and the planned cache (prefill, decode, sliding windows).
 MEETING_POINTS = (
     "tests/profiling/test_hooks.py",
     "tests/profiling/test_taps.py",

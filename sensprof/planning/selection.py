@@ -133,7 +133,6 @@ def _keeping_recent(plan: Plan, problem, budget, layers: list[dict]) -> Plan | N
     (uniforms.keep_recent: what the best uniform baselines do), if that fits the budget and changes anything; each
     layer's damage is the profile's cell of its new scheme, else of the old one (an upper bound: kept tokens only
     remove error)."""
-    from .plan import held_avg_bits, predicted_summary
     from .uniforms import keep_recent
 
     new = [dataclasses.replace(p, k_scheme=keep_recent(p.k_scheme), v_scheme=keep_recent(p.v_scheme),
@@ -145,12 +144,20 @@ def _keeping_recent(plan: Plan, problem, budget, layers: list[dict]) -> Plan | N
     cost = budget.layers_cost([(p.k_scheme, p.v_scheme) for p in new], layers)
     if cost > budget.limit(layers) * (1 + 1e-9):
         return None
+    return _with_layers(plan, new, budget_used=cost)
+
+
+def _with_layers(plan: Plan, new: list, **predicted) -> Plan:
+    """The plan with layers `new`, its prediction summed and summarised again from them (`predicted`: fields set
+    besides, such as the budget used)."""
+    from .plan import held_avg_bits, predicted_summary
+
     summary = {k: v for k, v in predicted_summary(new).items() if k in {f.name for f in dataclasses.fields(
         plan.predicted)}}
     if plan.predicted.context_len:
         summary["avg_bits_at_context"] = held_avg_bits(new, plan.predicted.context_len)
     return plan.replace(layers=tuple(new), predicted=dataclasses.replace(
-        plan.predicted, damage=sum(p.k_damage + p.v_damage for p in new), budget_used=cost, **summary))
+        plan.predicted, damage=sum(p.k_damage + p.v_damage for p in new), **predicted, **summary))
 
 
 def _keys_before_rope(plan: Plan, problem, rope: list[bool]) -> Plan | None:
@@ -159,18 +166,16 @@ def _keys_before_rope(plan: Plan, problem, rope: list[bool]) -> Plan | None:
     its new scheme, else of its twin after RoPE (uniforms.bounded_scheme: an estimate, which the measurement here and
     the joint factor correct): on both real models' HTML windows the plans measured 0.69-0.91x their KL with keys
     after RoPE, where the uniform settings gained 0.87-1.02x (docs/plan-quality.md)."""
-    from .plan import predicted_summary
     from .uniforms import before_rope
 
-    new = [dataclasses.replace(p, k_scheme=before_rope(p.k_scheme),
-                               k_damage=_cell(problem, p.layer, "K", before_rope(p.k_scheme), p.k_damage, True))
-           if rope[p.layer] else p for p in plan.layers]
+    new = []
+    for p in plan.layers:
+        k = before_rope(p.k_scheme)
+        new.append(dataclasses.replace(p, k_scheme=k, k_damage=_cell(problem, p.layer, "K", k, p.k_damage, True))
+                   if rope[p.layer] else p)
     if all(p.k_scheme == q.k_scheme for p, q in zip(new, plan.layers)):
         return None
-    summary = {k: v for k, v in predicted_summary(new).items() if k in {f.name for f in dataclasses.fields(
-        plan.predicted)}}
-    return plan.replace(layers=tuple(new), predicted=dataclasses.replace(
-        plan.predicted, damage=sum(p.k_damage + p.v_damage for p in new), **summary))
+    return _with_layers(plan, new)
 
 
 def per_layer_uniform_plan(plan: Plan, c, cells: dict, screened: dict) -> Plan:
