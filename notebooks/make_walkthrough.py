@@ -21,7 +21,7 @@ This notebook runs the whole flow on the built-in default model (SmolLM2-135M-In
 
 Each step is the `sensprof` command line, called in-process (`sensprof([...])` here is `sensprof ...` in a shell).
 The test suite executes this notebook, so what it shows stays true. Real runs use the defaults
-(`sensprof profile --model smollm2-135m`: 2 windows of 256 tokens, 17 key and 13 value schemes)."""),
+(`sensprof profile --model smollm2-135m`: 2 windows of 256 tokens, 41 key and 19 value schemes)."""),
 code("""import os
 import warnings
 

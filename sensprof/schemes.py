@@ -202,7 +202,8 @@ _register_engine_schemes()
 DEFAULT_K_SCHEMES = tuple(
     [f"int{b}_c{g}" for b in (2, 3, 4, 5, 6, 8) for g in (32, 64, 128)]
     + ["fp8_e4m3_cal", "int2_c32_s4", "int3_c32_s4", "int2_c32_r32_s4", "int3_c32_r32_s4"]
-    + [f"int{b}_c64_r32_s4" for b in (2, 3, 4, 5, 6, 8)])
+    + [f"int{b}_c64_r32_s4" for b in (2, 3, 4, 5, 6, 8)]
+    + [f"int{b}_c64_pre{tail}" for tail in ("", "_r32_s4") for b in (2, 3, 4, 5, 6, 8)])
 DEFAULT_V_SCHEMES = tuple([f"int{b}_t{g}" for b in (2, 3, 4, 5, 6, 8) for g in (32, 64)] + ["fp8_e4m3"]
                           + [f"int{b}_t64_r32_s4" for b in (2, 3, 4, 5, 6, 8)])
 # The long-context menus (`profile --menus long`): the layouts that won at length on both real models (issue 38) -
@@ -213,6 +214,7 @@ DEFAULT_V_SCHEMES = tuple([f"int{b}_t{g}" for b in (2, 3, 4, 5, 6, 8) for g in (
 # setting found at 3-6 bits and 1024 tokens (docs/plan-quality.md) - for a profile at the length it serves.
 LONG_K_SCHEMES = tuple([f"int{b}_c64_r32_s4" for b in (2, 3, 4, 5, 6, 8)] + ["int2_c32_r32_s4", "int3_c32_r32_s4"]
                        + [f"int{b}_c64" for b in (3, 4, 5, 6, 8)] + ["int3_c128", "int4_c128"])
+LONG_K_SCHEMES += tuple(name.replace("_r32", "_pre_r32") if "_r32" in name else name + "_pre" for name in LONG_K_SCHEMES)
 LONG_V_SCHEMES = tuple(f"int{b}_t64_r32_s4" for b in (2, 3, 4, 5, 6, 8))
 MENUS = {"default": (DEFAULT_K_SCHEMES, DEFAULT_V_SCHEMES), "long": (LONG_K_SCHEMES, LONG_V_SCHEMES)}
 # The old small menu, profiled on K and V alike; kept for `--schemes legacy`-style comparisons in benchmarks.

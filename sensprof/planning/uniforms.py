@@ -55,9 +55,10 @@ def key_schemes(head_dims, pre_rope: bool = False) -> list[str]:
 
 def value_schemes(head_dims) -> list[str]:
     """Every value scheme the free target stores: per token over channel groups no wider than the narrowest head
-    (a wider one is that head's width again), per token-head, or none."""
+    (a wider one is that head's width again: under 32 channels, the 32-channel group is the head's), per token-head,
+    or none."""
     narrowest = min(head_dims)
-    groups = [g for g in GROUPS if g <= narrowest] or [narrowest]
+    groups = [g for g in GROUPS if g <= narrowest] or [min(GROUPS)]
     return ["none", *PER_TOKEN_HEAD, *(f"int{b}_t{g}{e}" for b in BITS for g in groups for e in EXTRAS)]
 
 

@@ -16,6 +16,7 @@ from conftest import one_error_line, run_cli
 
 from sensprof.cli import main
 from sensprof.errors import SensprofError
+from sensprof.planning.uniforms import before_rope
 from sensprof.schemes import DEFAULT_K_SCHEMES, DEFAULT_V_SCHEMES
 from sensprof.profiling.table import load_profile
 
@@ -39,6 +40,8 @@ def test_default_menus_are_profiled_per_tensor(menu_run):
     assert set(t[t.tensor == "V"].scheme) == set(DEFAULT_V_SCHEMES)
     assert len(t) == 3 * (len(DEFAULT_K_SCHEMES) + len(DEFAULT_V_SCHEMES))
     assert prof.meta["settings"]["k_schemes"] == list(DEFAULT_K_SCHEMES)
+    sixty_four = {s for s in DEFAULT_K_SCHEMES if "_c64" in s}  # every 64-token key group also before RoPE
+    assert {before_rope(s) for s in sixty_four} == {s for s in sixty_four if "_pre" in s} != set()
     assert prof.meta["memory"]["peak_rss_gib"] > 0 and prof.meta["cost_s"]["layers"] > 0
 
 

@@ -24,6 +24,9 @@ def test_every_stored_layout_is_a_candidate_not_only_the_menus():
         assert v in values
     assert "int4_t128" not in values  # a 128-channel group on a 64-wide head is the 64 one again
     assert "int4_t128" in value_schemes({256})
+    narrow = value_schemes({16})  # a head under the narrowest registered group: that group is the head's width
+    assert "int2_t32" in narrow and not any("_t16" in v for v in narrow)
+    assert all(get_scheme(v) for v in narrow)
     grouped = re.compile(r"int\d_([ct])\d+")
     assert {grouped.match(k).group(1) for k in keys if grouped.match(k)} == {"c"}  # keys per channel
     assert {grouped.match(v).group(1) for v in values if grouped.match(v)} == {"t"}  # values per token
