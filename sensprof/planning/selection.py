@@ -162,20 +162,19 @@ def _with_layers(plan: Plan, new: list, **predicted) -> Plan:
 
 def _keys_before_rope(plan: Plan, problem, rope: list[bool]) -> Plan | None:
     """The plan with every per-channel integer key moved before RoPE on the layers that have RoPE (uniforms.before_rope:
-    KVQuant's keys, in the same memory), if that changes anything. Each layer's key damage is the profile's cell of
-    its new scheme, else of its twin after RoPE (uniforms.bounded_scheme: an estimate, which the measurement here and
-    the joint factor correct): on both real models' HTML windows the plans measured 0.69-0.91x their KL with keys
-    after RoPE, where the uniform settings gained 0.87-1.02x (docs/plan-quality.md)."""
+    KVQuant's keys, in the same memory), if that changes anything. Every layer's damage is read again from `problem`
+    (KL cells, whatever the candidate's objective, as _keeping_recent does), a moved key's from its new scheme's cell,
+    else its twin's after RoPE (uniforms.bounded_scheme: an estimate, which the measurement here and the joint factor
+    correct): on both real models' HTML windows the plans measured 0.69-0.91x their KL with keys after RoPE, where the
+    uniform settings gained 0.87-1.02x (docs/plan-quality.md)."""
     from .uniforms import before_rope
 
-    new = []
-    for p in plan.layers:
-        k = before_rope(p.k_scheme)
-        new.append(dataclasses.replace(p, k_scheme=k, k_damage=_cell(problem, p.layer, "K", k, p.k_damage, True))
-                   if rope[p.layer] else p)
-    if all(p.k_scheme == q.k_scheme for p, q in zip(new, plan.layers)):
+    keys = [before_rope(p.k_scheme) if rope[p.layer] else p.k_scheme for p in plan.layers]
+    if keys == [p.k_scheme for p in plan.layers]:
         return None
-    return _with_layers(plan, new)
+    return _with_layers(plan, [dataclasses.replace(
+        p, k_scheme=k, k_damage=_cell(problem, p.layer, "K", k, p.k_damage, True),
+        v_damage=_cell(problem, p.layer, "V", p.v_scheme, p.v_damage, True)) for p, k in zip(plan.layers, keys)])
 
 
 def per_layer_uniform_plan(plan: Plan, c, cells: dict, screened: dict) -> Plan:

@@ -583,13 +583,15 @@ def test_keys_move_before_rope_only_on_layers_with_rope():
               for i, k in enumerate(("int4_c32", "int4_c32", "int2_c32_r32_s4", "int8_per_token_head"))]
     plan = Plan.hand_made("tiny", "fp", layers)
     cells = {(0, "K", "int4_c32"): 1.0, (1, "K", "int4_c32"): 2.0, (1, "K", "int4_c32_pre"): 0.5,
-             (2, "K", "int2_c32"): 3.0}
+             (2, "K", "int2_c32"): 3.0, (3, "V", "int4_t32"): 0.25}
     problem = types.SimpleNamespace(damage=cells)
     moved = _keys_before_rope(plan, problem, [True, True, False, True])
     assert [p.k_scheme for p in moved.layers] == ["int4_c32_pre", "int4_c32_pre", "int2_c32_r32_s4",
                                                   "int8_per_token_head"]
-    assert [p.k_damage for p in moved.layers][:2] == [1.0, 0.5]
+    # every cell read again in the problem's unit (KL), kept keys and values too; a cell it lacks keeps the plan's
+    assert [p.k_damage for p in moved.layers] == [1.0, 0.5, 3.0, 0.0]
+    assert [p.v_damage for p in moved.layers] == [0.0, 0.0, 0.0, 0.25]
     assert [p.v_scheme for p in moved.layers] == [p.v_scheme for p in plan.layers]
-    assert moved.predicted.damage == pytest.approx(1.5)
+    assert moved.predicted.damage == pytest.approx(4.75)
     nothing = plan.replace(layers=tuple(dataclasses.replace(p, k_scheme="none") for p in plan.layers))
     assert _keys_before_rope(nothing, problem, [True] * 4) is None
