@@ -186,6 +186,18 @@ def test_a_killed_engine_is_said_to_be_killed_not_quoted_by_its_last_info_line()
     assert failure_reason(info, [], 1) == info.strip()  # no error line: the last line, as before
 
 
+def test_a_vllm_config_process_says_which_signal_ended_it():
+    """A glibc heap abort (SIGABRT) is not the out-of-memory killer (SIGKILL); an exit code is neither."""
+    import signal
+
+    from sensprof.engines.run.vllm_runner import child_failure
+
+    assert child_failure(signal.SIGABRT).startswith("the vLLM process was killed by SIGABRT (an abort inside vLLM")
+    assert "out of memory" not in child_failure(signal.SIGABRT)
+    assert child_failure(signal.SIGKILL) == "the vLLM process was killed by SIGKILL (out of memory?)"
+    assert child_failure(3 << 8) == "the vLLM process exited with status 3"
+
+
 def test_last_error_picks_the_exception_line():
     text = "INFO starting\nTraceback (most recent call last):\n  File \"x.py\", line 1\nValueError: bad dtype\nbye\n"
     assert last_error(text) == "ValueError: bad dtype"

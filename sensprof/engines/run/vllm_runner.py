@@ -123,9 +123,23 @@ def main(job_path: str) -> int:
         _, status = os.waitpid(pid, 0)
         if status != 0 and not os.path.exists(config["out"] + ".error"):
             with open(config["out"] + ".error", "w") as f:
-                f.write(f"the vLLM process ended with status {status} (killed: out of memory?)")
+                f.write(child_failure(status))
         failed += status != 0
     return 1 if failed else 0
+
+
+def child_failure(status: int) -> str:
+    """What a config's process ended with (os.waitpid's status): SIGKILL is what the out-of-memory killer sends;
+    SIGABRT is an abort inside the process (glibc's heap checks among them: their message is in the log)."""
+    import signal
+
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in {s.value for s in signal.Signals} else f"signal {sig}"
+        hint = {signal.SIGKILL: " (out of memory?)", signal.SIGABRT: " (an abort inside vLLM or a library it calls; "
+                                                                   "the log above says which)"}.get(sig, "")
+        return f"the vLLM process was killed by {name}{hint}"
+    return f"the vLLM process exited with status {os.WEXITSTATUS(status)}"
 
 
 def _version() -> str:
