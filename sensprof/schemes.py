@@ -212,9 +212,11 @@ DEFAULT_V_SCHEMES = tuple([f"int{b}_t{g}" for b in (2, 3, 4, 5, 6, 8) for g in (
 # 8 bits, 128-token groups at 3 and 4): what the sinks and window buy a key differs by layer more than any other
 # choice measured, and SmolLM2-135M's per-layer plans that may drop them measured 0.41-0.47x the best uniform
 # setting found at 3-6 bits and 1024 tokens (docs/plan-quality.md) - for a profile at the length it serves.
-LONG_K_SCHEMES = tuple([f"int{b}_c64_r32_s4" for b in (2, 3, 4, 5, 6, 8)] + ["int2_c32_r32_s4", "int3_c32_r32_s4"]
-                       + [f"int{b}_c64" for b in (3, 4, 5, 6, 8)] + ["int3_c128", "int4_c128"])
-LONG_K_SCHEMES += tuple(name.replace("_r32", "_pre_r32") if "_r32" in name else name + "_pre" for name in LONG_K_SCHEMES)
+# Each key also before RoPE (`_pre`, before the `_r`/`_s` modifiers), listed after all of them: SmolLM2-135M's
+# one-window plans with them measured 0.83-0.93x those without at 3-6 bits (docs/plan-quality.md).
+_LONG_K_LAYOUTS = ([(b, 64, "_r32_s4") for b in (2, 3, 4, 5, 6, 8)] + [(b, 32, "_r32_s4") for b in (2, 3)]
+                   + [(b, 64, "") for b in (3, 4, 5, 6, 8)] + [(b, 128, "") for b in (3, 4)])
+LONG_K_SCHEMES = tuple(f"int{b}_c{g}{pre}{tail}" for pre in ("", "_pre") for b, g, tail in _LONG_K_LAYOUTS)
 LONG_V_SCHEMES = tuple(f"int{b}_t64_r32_s4" for b in (2, 3, 4, 5, 6, 8))
 MENUS = {"default": (DEFAULT_K_SCHEMES, DEFAULT_V_SCHEMES), "long": (LONG_K_SCHEMES, LONG_V_SCHEMES)}
 # The old small menu, profiled on K and V alike; kept for `--schemes legacy`-style comparisons in benchmarks.
