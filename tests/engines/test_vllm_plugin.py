@@ -461,7 +461,7 @@ def engine(vllm_python, tiny_tokenizer, tmp_path_factory):
         *({"name": f"dense-{arch}", "model": arch, "prompts": prompts[:3], "max_tokens": 8,
            "additional_config": {P.KEY: plan(ASYM, arch=DENSE[arch][1], num_kv_heads=2, head_dim=32)}}
           for arch in DENSE),
-        {"name": "no-plan-fp8", "kv_cache_dtype": "fp8_e5m2"},
+        {"name": "no-plan-fp8", "kv_cache_dtype": "fp8_e5m2", "prompts": prompts[:1], "max_tokens": 2},
         *({"name": name, **fields} for name, (fields, _) in REFUSALS.items()),
     ]
     for c in configs:
@@ -508,6 +508,8 @@ def test_mixed_plan_is_what_the_engine_built(engine):
     assert [l["cache_torch_dtype"] for l in r["layers"]] == ["torch.float32" if d == "auto" else "torch.uint8"
                                                               for d in MIXED]
     assert r["global_cache_dtype"] == "fp8_e5m2"
+    # each layer attends on the CPU schedule made for its own dtype, not the global one's (sensprof_vllm.cpu_schedule)
+    assert [l["schedule"] for l in r["layers"]] == MIXED
     assert _layer_lines(r["log"]) == [(str(i), f"model.layers.{i}.self_attn.attn", d, "CPU_ATTN")
                                       for i, d in enumerate(MIXED)]
     assert all(len(t) == 8 for t in r["alone"])
@@ -603,8 +605,10 @@ def test_dense_models_of_other_architectures_are_served_as_planned(engine, arch)
 
 
 def _assert_layers_as_planned(r, layers):
-    """Each running layer as the plan says: a vLLM dtype on CPU_ATTN, a K/V pair on SENSPROF_KV with its formats."""
+    """Each running layer as the plan says: a vLLM dtype on CPU_ATTN, attending on the CPU schedule of that dtype, a
+    K/V pair on SENSPROF_KV with its formats (and the plugin's own attention, no CPU schedule)."""
     assert [l["kv_cache_dtype"] for l in r["layers"]] == ["auto" if P.is_pair(d) else d for d in layers]
+    assert [l["schedule"] for l in r["layers"]] == [None if P.is_pair(d) else d for d in layers]
     assert [l["backend"] for l in r["layers"]] == ["SENSPROF_KV" if P.is_pair(d) else "CPU_ATTN" for d in layers]
     assert [l["formats"] for l in r["layers"]] == [list(P.pair_components(d) or ()) for d in layers]
 
@@ -648,8 +652,8 @@ def test_no_plan_is_vllms_own(engine):
     for name, dtype in (("no-plan", "auto"), ("no-plan-fp8", "fp8_e5m2")):
         r = _ok(engine[name])
         assert r["wrapped"] and r["global_cache_dtype"] == dtype
-        assert {(l["kv_cache_dtype"], l["impl_kv_cache_dtype"], l["backend"]) for l in r["layers"]} == \
-            {(dtype, dtype, "CPU_ATTN")}
+        assert {(l["kv_cache_dtype"], l["impl_kv_cache_dtype"], l["backend"], l["schedule"]) for l in r["layers"]} \
+            == {(dtype, dtype, "CPU_ATTN", None)}
         assert len(r["layers"]) == 4 and "sensprof plan" not in r["log"]
 
 

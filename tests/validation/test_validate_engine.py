@@ -492,3 +492,24 @@ def test_an_agreeing_engine_on_few_tokens_fails_the_correlation_no_more_than_the
         failed += not row["corr_agrees"]
         assert row["corr_floor"] < row["corr_allowed"] - 0.05  # more than the fixed slack at this length
     assert failed <= runs * 0.005, failed
+
+
+def test_a_crashed_engine_is_reported_with_how_and_where_it_died(tmp_path):
+    """A process that dies of SIGABRT with faulthandler on (as the runners run) leaves its innermost Python frame in
+    the log, and glibc's own message where it printed one: the one-line failure names both, not only the signal."""
+    import subprocess
+
+    from sensprof.engines.run.process import crash_note
+
+    script = tmp_path / "crash.py"
+    script.write_text("import faulthandler, os, sys\nfaulthandler.enable()\n"
+                      "def attend():\n    sys.stderr.write('corrupted size vs. prev_size\\n'); sys.stderr.flush()\n"
+                      "    os.abort()\nattend()\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode < 0
+    warning = "WARNING 12-07 [cpu_worker.py:114] libtcmalloc is not found in LD_PRELOAD.\n"  # no crash message
+    text = warning + r.stderr
+    assert crash_note(text) == "corrupted size vs. prev_size; in attend at " f"{script}:5"
+    assert failure_reason(text, ["the vLLM process was killed by SIGABRT"], 1) == \
+        f"the vLLM process was killed by SIGABRT (corrupted size vs. prev_size; in attend at {script}:5)"
+    assert crash_note(warning) is None and failure_reason(warning, ["ValueError: bad plan"], 1) == "ValueError: bad plan"

@@ -136,6 +136,11 @@ def _state(vllm_config) -> _State | None:
     return state
 
 
+def planned(vllm_config) -> bool:
+    """Whether this vLLM config serves a plan (checked as its first layer was built)."""
+    return _state(vllm_config) is not None
+
+
 def _wrap(orig):
     sig = inspect.signature(orig)
 
@@ -238,8 +243,9 @@ KV_CACHE_CONFIG_MODULES = ("vllm.v1.core.kv_cache_planning", "vllm.v1.core.kv_ca
 
 
 def install() -> None:
-    """Wrap Attention.__init__ once per process (vLLM loads general plugins in every process, maybe repeatedly), and
-    the engine core's get_kv_cache_configs, which then checks the pool of a planned engine against its layers. A
+    """Wrap Attention.__init__ once per process (vLLM loads general plugins in every process, maybe repeatedly), the
+    CPU backend's scheduling (cpu_schedule: each layer the schedule of its own dtype), and the engine core's
+    get_kv_cache_configs, which then checks the pool of a planned engine against its layers. A
     vLLM that has neither module's function is left unwrapped there (check_version refuses a plan on it), so the
     plugin never stops a vLLM from starting without a plan."""
     import importlib
@@ -247,8 +253,11 @@ def install() -> None:
 
     from vllm.model_executor.layers.attention.attention import Attention
 
+    from . import cpu_schedule
+
     if not getattr(Attention.__init__, _MARK, False):
         Attention.__init__ = _wrap(Attention.__init__)
+    cpu_schedule.install()
     for name in KV_CACHE_CONFIG_MODULES:
         try:
             module = importlib.import_module(name)

@@ -10,7 +10,8 @@ engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless it asks for "multiprocessing". 
    "prompts": [[ids]], "max_tokens", "multiprocessing": bool,
    "llm_args": {more LLM(...) arguments, e.g. block_size, num_gpu_blocks_override, max_num_batched_tokens}}
 Its out file (JSON) holds either {"error": one line, "errors": the exception chain} or what the engine built: per
-attention layer its kv_cache_dtype, its impl's, its backend, ISA and cache tensor; the global cache dtype; the KV
+attention layer its kv_cache_dtype, its impl's, its backend, ISA and cache tensor, and once the prompts ran, the KV
+dtype of the CPU schedule its last forward took (the plugin's cpu_schedule; None where vLLM's was left alone); the global cache dtype; the KV
 cache config (blocks, bytes per token); greedy tokens for each prompt alone and for all prompts in one call; and how
 many times the scheduler preempted a request.
 """
@@ -38,6 +39,11 @@ def _describe(model):
                            "cache_bytes": kc.numel() * kc.element_size(),
                            "storage": [kc.untyped_storage().data_ptr(), kc.untyped_storage().nbytes()]})
     return layers
+
+
+def _schedules(model):
+    return [getattr(mod.impl, "_sensprof_schedule_dtype", None) for mod in model.modules()
+            if type(mod).__name__ == "Attention" and hasattr(mod, "kv_cache_dtype")]
 
 
 def _tokens(outputs):
@@ -130,6 +136,9 @@ def run_config(c: dict) -> dict:
         out.update(alone=_tokens(alone), together=_tokens(together), alone_logprobs=_logprobs(alone),
                    together_logprobs=_logprobs(together), alone_margins=_margins(alone),
                    preemptions=preemptions[0])
+        if not c.get("multiprocessing"):
+            for layer, schedule in zip(out["layers"], llm.apply_model(_schedules)[0], strict=True):
+                layer["schedule"] = schedule
     engine.engine_core.shutdown()  # the multiprocess engine's core and worker end with this child (os._exit)
     return out
 

@@ -11,6 +11,7 @@ positions whose most likely token is the baseline's), and llama.cpp's version.""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -58,6 +59,7 @@ def _logits(job: dict, config: dict):
 
 
 def main(job_path: str) -> int:
+    faulthandler.enable()  # a crash inside llama.cpp leaves its Python stack in the log (process.crash_note)
     import numpy as np
     import llama_cpp
 

@@ -19,6 +19,10 @@ RUNNERS = {"vllm": "vllm_runner.py", "llamacpp": "llamacpp_runner.py"}
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b(: |$)")  # Python's "KeyError: ..." lines
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|Killed|Segmentation fault|out of memory)", re.I)
 _WARNING_LINE = re.compile(r"warn", re.I)
+# what glibc, the C++ runtime or CPython print as a process dies of a signal
+_CRASH_LINE = re.compile(r"corrupted|malloc\b|free\(\)|double free|Fatal glibc error|terminate called|"
+                         r"Segmentation fault|Fatal Python error", re.I)
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
 
 
 def _error_line(text: str) -> str | None:
@@ -41,13 +45,34 @@ def last_error(text: str) -> str:
     return lines[-1] if len(lines[-1]) <= 400 else lines[-1][:397] + "..."
 
 
+def crash_note(text: str) -> str | None:
+    """Where a process that died of a signal was: the first message glibc, the C++ runtime or CPython printed as it
+    died, and the innermost Python frame of the dump faulthandler writes (the runners enable it); None without them."""
+    lines = text.splitlines()
+    said = next((ln.strip() for ln in lines if _CRASH_LINE.search(ln) and not _WARNING_LINE.search(ln)), None)
+    frame = None
+    for i, ln in enumerate(lines):
+        if ln.startswith(("Current thread", "Thread ")) and "most recent call first" in ln:
+            match = next((m for m in map(_FRAME.match, lines[i + 1:i + 2]) if m), None)
+            if match:
+                path = match.group(1).split("site-packages/")[-1]
+                frame = f"in {match.group(3)} at {path}:{match.group(2)}"
+                break
+    parts = [p if len(p) <= 200 else p[:197] + "..." for p in (said, frame) if p]
+    return "; ".join(parts) or None
+
+
 def failure_reason(text: str, errors: list[str], returncode: int) -> str:
     """Why an engine run failed: the error its runner wrote, else its output's error line; a run killed by a signal
-    says so, quoting an error line only where there is one (not a progress or INFO line that merely came last)."""
+    says so, quoting an error line only where there is one (not a progress or INFO line that merely came last), and
+    where the output shows how a process died (crash_note), that too."""
     found = errors[-1] if errors else _error_line(text)
     if returncode < 0:
-        return f"the process was killed by signal {-returncode}" + (f" after: {found}" if found else "")
-    return found or last_error(text)
+        found = f"the process was killed by signal {-returncode}" + (f" after: {found}" if found else "")
+    else:
+        found = found or last_error(text)
+    note = crash_note(text)
+    return f"{found} ({note})" if note and note not in found else found
 
 
 def run_job(engine: str, python: str, job: dict, workdir: str, log_path: str, timeout: float | None = None) -> None:

@@ -15,6 +15,7 @@ cache effect, and sensprof applies the model's own LM head to them (the full voc
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -104,6 +105,7 @@ def main(job_path: str) -> int:
         job = json.load(f)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model runs in this (forked) process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(job.get("kv_cache_gib", 1)))
+    faulthandler.enable()  # a config that dies of a signal leaves its Python stack in the log (process.crash_note)
     import vllm  # noqa: F401  (once, before the forks: the slow part of a start)
 
     failed = 0
