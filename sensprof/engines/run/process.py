@@ -25,6 +25,11 @@ _CRASH_LINE = re.compile(r"corrupted|malloc\b|free\(\)|double free|Fatal glibc e
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
 
 
+def _clip(line: str, limit: int) -> str:
+    """A line for a one-line error: whole, or cut to `limit` characters with an ellipsis."""
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
 def _error_line(text: str) -> str | None:
     """The engine output's last exception line, else its last line that speaks of an error and is no warning."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -32,7 +37,7 @@ def _error_line(text: str) -> str | None:
     errors = [ln for ln in lines if _ERROR_LINE.search(ln) and not _WARNING_LINE.search(ln)
               and not ln.startswith(("File ", "Traceback"))]
     line = (exceptions or errors or [None])[-1]
-    return line if line is None or len(line) <= 400 else line[:397] + "..."
+    return line if line is None else _clip(line, 400)
 
 
 def last_error(text: str) -> str:
@@ -42,7 +47,7 @@ def last_error(text: str) -> str:
     if found is not None:
         return found
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or ["(no output)"]
-    return lines[-1] if len(lines[-1]) <= 400 else lines[-1][:397] + "..."
+    return _clip(lines[-1], 400)
 
 
 def crash_note(text: str) -> str | None:
@@ -51,15 +56,13 @@ def crash_note(text: str) -> str | None:
     lines = text.splitlines()
     said = next((ln.strip() for ln in lines if _CRASH_LINE.search(ln) and not _WARNING_LINE.search(ln)), None)
     frame = None
-    for i, ln in enumerate(lines):
-        if ln.startswith(("Current thread", "Thread ")) and "most recent call first" in ln:
-            match = next((m for m in map(_FRAME.match, lines[i + 1:i + 2]) if m), None)
-            if match:
-                path = match.group(1).split("site-packages/")[-1]
-                frame = f"in {match.group(3)} at {path}:{match.group(2)}"
-                break
-    parts = [p if len(p) <= 200 else p[:197] + "..." for p in (said, frame) if p]
-    return "; ".join(parts) or None
+    for header, first in zip(lines, lines[1:]):  # faulthandler: a thread's header, then its innermost frame
+        match = _FRAME.match(first)
+        if match and header.startswith(("Current thread", "Thread ")) and "most recent call first" in header:
+            path = match.group(1).split("site-packages/")[-1]
+            frame = f"in {match.group(3)} at {path}:{match.group(2)}"
+            break
+    return "; ".join(_clip(p, 200) for p in (said, frame) if p) or None
 
 
 def failure_reason(text: str, errors: list[str], returncode: int) -> str:

@@ -137,7 +137,10 @@ def child_failure(status: int) -> str:
 
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        name = signal.Signals(sig).name if sig in {s.value for s in signal.Signals} else f"signal {sig}"
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:  # a number the signal module does not name
+            name = f"signal {sig}"
         hint = {signal.SIGKILL: " (out of memory?)", signal.SIGABRT: " (an abort inside vLLM or a library it calls; "
                                                                    "the log above says which)"}.get(sig, "")
         return f"the vLLM process was killed by {name}{hint}"
