@@ -3,7 +3,8 @@ memory, on text neither the profile nor the selection saw, at the profile's leng
 read as the target reads it. Prints one table per length and writes a CSV.
 
     python benchmarks/plan_quality.py PROFILE_DIR [--avg-bits 3,4,5] [--select 2] [--lengths 256,1024]
-                                      [--windows 2] [--uniform-top 5] [--model M] [--out results.csv]
+                                      [--windows 2] [--uniform-top 5] [--context-len N] [--model M]
+                                      [--out results.csv]
                                       [--text FILE] [--plans-out DIR | --plans-from DIR]
 
 For each budget it plans twice: the priced plan (`sensprof plan`, damage priced at the serving length, default
@@ -12,7 +13,8 @@ are, at every budget, those within it that the priced profile predicts best (--u
 the most memory, and (target sensprof) the uniform baselines of every configuration sensprof stores within each
 budget (sensprof.validation.baselines: `uniform K / V` rows, --no-baselines leaves them out); with --text, the
 windows are of that text (text of another kind than the profile's); "best uniform" is the lowest measured KL among those with no more memory (long-context bits, the
-planner's budget unit) than the plan. Targets (issue 25): plan / best uniform <= 0.5 at 4x the profile's length,
+planner's budget unit; with --context-len N, bits held at N tokens, as `plan --context-len N` prices them) than the
+plan. Targets (issue 25): plan / best uniform <= 0.5 at 4x the profile's length,
 never above 1.0; measured / predicted (the profile priced at that length, times the joint factor a selected plan
 measured on the selection's windows, as validate predicts it) in 0.8-1.25.
 
@@ -46,6 +48,9 @@ def main():
     ap.add_argument("--unpriced", action="store_true",
                     help="also plan with the damage as the profile measured it (at its own window: the planner before "
                          "sensprof.planning.pricing), memory priced alike")
+    ap.add_argument("--context-len", type=int, default=None, metavar="N",
+                    help="the serving length (plan --context-len N): budgets are bits held at N tokens, sinks and "
+                         "recent tokens counted, and every plan and uniform setting is compared in that unit")
     ap.add_argument("--target", default="sensprof", choices=["sensprof", "vllm"])
     ap.add_argument("--model", default=None)
     ap.add_argument("--device", default="cpu")
@@ -67,7 +72,6 @@ def main():
     from sensprof.planning.plan import make_plan, priced_table
     from sensprof.planning.planner import problem_from_table
     from sensprof.planning.pricing import priced_at
-    from sensprof.schemes import get_scheme
     from sensprof.planning.selection import select_measured, uniform_candidates
     from sensprof.profiling.table import load_profile, summed_damage
     from sensprof.targets import get_target
@@ -84,7 +88,7 @@ def main():
     if args.target != "sensprof":
         args.unpriced = False
     for b in budgets:
-        budget = Budget("avg_bits", b)
+        budget = Budget("avg_bits", b, context_len=args.context_len)
         if args.plans_from:  # the plans an earlier run made (--plans-out), judged again, e.g. at another length
             from sensprof.artifacts import load_plan
 
@@ -137,18 +141,18 @@ def main():
         from sensprof.validation.baselines import best_uniforms_each, screen_length
 
         short = validation_windows(template, loaded.tokenizer, 1, screen_length(own, max(lengths)), text)
-        each, _, _ = best_uniforms_each(loaded.model, short, template, [(Budget("avg_bits", b), None) for b in budgets],
-                                        reads, log=print)
+        bounds = [(Budget("avg_bits", b, context_len=args.context_len), None) for b in budgets]
+        each, _, _ = best_uniforms_each(loaded.model, short, template, bounds, reads, log=print)
         uniforms.update({c.name: (c.k, c.v) for chosen in each for c in chosen})
     layers = meta["layers"]
 
     def per_layer(pair):  # one (K, V) pair for every layer, or a list of pairs
         return pair if isinstance(pair, list) else [pair] * len(layers)
 
+    unit = Budget("avg_bits", 16, context_len=args.context_len)  # only its pricing is used: bits held at N tokens
+
     def bits(pairs):
-        elems = sum(2 * layer["kv_heads"] * layer["head_dim"] for layer in layers)
-        return sum(Budget("avg_bits", 16).cost(get_scheme(k), layer) + Budget("avg_bits", 16).cost(get_scheme(v), layer)
-                   for (k, v), layer in zip(pairs, layers)) / elems
+        return unit.layers_cost(pairs, layers) / unit.elements(layers)
 
     rows = []
     for n in lengths:
