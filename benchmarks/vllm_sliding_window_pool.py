@@ -62,7 +62,8 @@ def main() -> None:
         json.dump({"configs": [{"name": "plan", "model": ckpt, "additional_config": {"sensprof_plan": plan},
                                 "prompts": prompts, "max_tokens": args.max_tokens, "out": out,
                                 "llm_args": {"max_model_len": 1100}}]}, f)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=PLUGIN, VLLM_CPU_KVCACHE_SPACE="2")
+    # TMPDIR: vLLM's temporary files and the compile cache of its sampler's torch.compile go in work, removed below
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=PLUGIN, VLLM_CPU_KVCACHE_SPACE="2", TMPDIR=work)
     try:
         with open(os.path.join(work, "job.log"), "w") as log:
             subprocess.run([find_engine_python("vllm").python, os.path.join(PLUGIN, "tests", "engine_job.py"), job],
