@@ -51,11 +51,12 @@ except ImportError:  # the suite runs without pytest-xdist too, one file after a
 else:
     class _LongestFilesFirst(LoadFileScheduling):
         def _assign_work_unit(self, node):
-            if not getattr(self, "_reordered", False):
+            queue = getattr(self, "workqueue", None)  # xdist's own (private) queue: where it is not an ordered
+            if not getattr(self, "_reordered", False) and hasattr(queue, "move_to_end"):  # dict, xdist's order stands
                 self._reordered = True
                 for scope in reversed(LONGEST_FILES):
-                    if scope in self.workqueue:
-                        self.workqueue.move_to_end(scope, last=False)
+                    if scope in queue:
+                        queue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 
     def pytest_xdist_make_scheduler(config, log):
