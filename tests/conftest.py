@@ -51,8 +51,9 @@ except ImportError:  # the suite runs without pytest-xdist too, one file after a
 else:
     class _LongestFilesFirst(LoadFileScheduling):
         def _assign_work_unit(self, node):
-            queue = getattr(self, "workqueue", None)  # xdist's own (private) queue: where it is not an ordered
-            if not getattr(self, "_reordered", False) and hasattr(queue, "move_to_end"):  # dict, xdist's order stands
+            # xdist's own (private) queue; where it is not an ordered dict, xdist's order stands
+            queue = getattr(self, "workqueue", None)
+            if not getattr(self, "_reordered", False) and hasattr(queue, "move_to_end"):
                 self._reordered = True
                 for scope in reversed(LONGEST_FILES):
                     if scope in queue:
