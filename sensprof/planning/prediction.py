@@ -15,8 +15,11 @@ engine and length; docs/plan-quality.md, "Printed predictions against the engine
 - llama.cpp's numerics: its matmuls round their inputs, and any change to the cache costs a floor of KL of its own
   (docs/engines.md), measured per model and added where the model's floor is recorded.
 
-Then the band: for each kind of engine, the measured KL over this very prediction on every recorded check, so that
-a printed figure says how far such figures fell from what was measured (`ServingPrediction.describe`).
+Then the bands: for each kind of engine, the measured KL over this very prediction on every recorded check, so that
+a printed figure says how far such figures fell from what was measured (`ServingPrediction.describe`): one over
+held-out windows of the profile's own kind of text, one over text of another kind (a user's own text often is).
+The second is the wider: a profile prices each layer on its own text, and the layers' interaction it measured there
+(the joint factor) need not hold on other text.
 """
 
 from __future__ import annotations
@@ -42,14 +45,16 @@ KINDS = {  # what measured the checks of each kind of plan
     "llamacpp": "llama.cpp",
     "sglang": "SGLang",
 }
-COLUMNS = ("id", "model", "kind", "reads", "profile_len", "seq_len", "windows", "per_layer_sum", "joint_factor",
-           "measured_kl", "source")
+TEXT_KINDS = {"same": "held-out text of the profile's kind", "other": "text of another kind"}
+COLUMNS = ("id", "model", "kind", "reads", "profile_len", "seq_len", "windows", "text_kind", "per_layer_sum",
+           "joint_factor", "measured_kl", "source")
 
 
 @dataclass(frozen=True)
 class Check:
     """One measurement: a configuration's KL at one length, beside what its plan held (per_layer_sum: the plan's sum
-    priced at that length; None for a configuration measured only for its growth with context)."""
+    priced at that length; None for a configuration measured only for its growth with context); text_kind: on
+    held-out text of the profile's kind ("same") or on text of another kind ("other")."""
 
     id: str
     model: str
@@ -62,6 +67,7 @@ class Check:
     joint_factor: dict | None
     measured_kl: float
     source: str
+    text_kind: str = "same"
 
 
 def parse_joint(text: str) -> dict | None:
@@ -92,9 +98,11 @@ def read_checks(path: str = CHECKS_FILE) -> tuple[Check, ...]:
                 raise ValueError(f"missing columns {sorted(set(COLUMNS) - set(r))}")
             c = Check(r["id"], r["model"], r["kind"], r["reads"], int(r["profile_len"]), int(r["seq_len"]),
                       int(r["windows"]), float(r["per_layer_sum"]) if r["per_layer_sum"].strip() else None,
-                      parse_joint(r["joint_factor"]), float(r["measured_kl"]), r["source"])
+                      parse_joint(r["joint_factor"]), float(r["measured_kl"]), r["source"], r["text_kind"])
             if c.kind not in KINDS and c.kind != "llamacpp-floor" or c.reads not in ("streaming", "all"):
                 raise ValueError(f"kind {c.kind!r} / reads {c.reads!r}")
+            if c.text_kind not in TEXT_KINDS:
+                raise ValueError(f"text_kind {c.text_kind!r} is not one of {', '.join(TEXT_KINDS)}")
             if not (c.measured_kl > 0 and math.isfinite(c.measured_kl)) or c.seq_len <= 0 or c.profile_len <= 0:
                 raise ValueError("measured_kl, seq_len and profile_len must be positive")
         except (ValueError, TypeError, KeyError) as e:
@@ -166,6 +174,7 @@ class Band:
     lengths: tuple[int, ...]
     kind: str
     same_selection: bool  # from checks of plans chosen as this one was (by measurement or not)
+    text_kind: str = "same"
 
 
 @dataclass(frozen=True)
@@ -181,6 +190,7 @@ class ServingPrediction:
     emulated: bool = False  # llama.cpp's cache in sensprof's float32 emulation (validate without --engine): no floor
     unpriced: bool = False  # a streaming plan made before damage was priced at the serving length (no pricing record)
     with_spread: bool = False  # a --robust plan's sum, which adds each cell's spread, with no KL sum recorded
+    other_text: Band | None = None  # the band measured on text of another kind than the profile's
 
     def describe(self) -> str:
         """One line: the figure, how it was made, and the band measured for such figures."""
@@ -201,11 +211,22 @@ class ServingPrediction:
                            "floor to: `validate --engine llamacpp` measures the engine")
         if b is None:
             return head + f"; not measured in {KINDS[self.kind]} yet, so no error band"
-        lens = "/".join(str(n) for n in b.lengths)
         which = ("such predictions" if b.same_selection else
                  "such predictions for plans chosen otherwise (none recorded chosen as this one)")
-        return (head + f"; {KINDS[self.kind]} measured {b.lo:.2f}-{b.hi:.2f}x {which} on {b.count} checks at "
-                f"{lens} tokens: {self.kl * b.lo:.1e}..{self.kl * b.hi:.1e} ({DOC})")
+        line = head + f"; {KINDS[self.kind]} measured {self._range(b)} {which} on {self._where(b)}"
+        if self.other_text is not None:
+            line += f", {self._range(self.other_text)} on {self._where(self.other_text)}"
+        else:
+            line += ", not yet measured on text of another kind"
+        return line + f" ({DOC})"
+
+    def _range(self, b: Band) -> str:
+        return f"{b.lo:.2f}-{b.hi:.2f}x"
+
+    def _where(self, b: Band) -> str:
+        lens = "/".join(str(n) for n in b.lengths)
+        return (f"{b.count} checks at {lens} tokens of {TEXT_KINDS[b.text_kind]}: "
+                f"{self.kl * b.lo:.1e}..{self.kl * b.hi:.1e}")
 
 
 def _point(per_layer_sum: float, kind: str, reads: str, profile_len: int, n: int, joint: dict, model: str,
@@ -239,8 +260,9 @@ def predict(per_layer_sum: float, *, kind: str, reads: str, profile_len: int, n:
     joint = {int(k): float(v) for k, v in (joint_factor or {}).items()}
     kl, factor, why, floor = _point(per_layer_sum, kind, reads, profile_len, n, joint, model, checks, engine)
     emulated = kind == "llamacpp" and not engine
-    return ServingPrediction(kl, n, per_layer_sum, factor, why, floor, kind,
-                             None if emulated else band(checks, kind, bool(joint)), emulated)
+    bands = (None, None) if emulated else (band(checks, kind, bool(joint)), band(checks, kind, bool(joint), "other"))
+    return ServingPrediction(kl, n, per_layer_sum, factor, why, floor, kind, bands[0], emulated,
+                             other_text=bands[1])
 
 
 def check_ratio(c: Check, checks) -> float:
@@ -250,16 +272,17 @@ def check_ratio(c: Check, checks) -> float:
                                   checks)[0]
 
 
-def band(checks, kind: str, selected: bool) -> Band | None:
-    """measured / predicted over the checks of this kind: those of plans chosen as this one was (with a joint factor
-    or without) where two or more are recorded, else all of the kind; None where none is."""
-    mine = [c for c in checks if c.kind == kind and c.per_layer_sum is not None]
+def band(checks, kind: str, selected: bool, text_kind: str = "same") -> Band | None:
+    """measured / predicted over the checks of this kind on this kind of text: those of plans chosen as this one was
+    (with a joint factor or without) where two or more are recorded, else all of the kind; None where none is."""
+    mine = [c for c in checks if c.kind == kind and c.per_layer_sum is not None and c.text_kind == text_kind]
     same = [c for c in mine if bool(c.joint_factor) == selected]
     use = same if len(same) >= 2 else mine
     if not use:
         return None
     ratios = [check_ratio(c, checks) for c in use]
-    return Band(min(ratios), max(ratios), len(use), tuple(sorted({c.seq_len for c in use})), kind, use is same)
+    return Band(min(ratios), max(ratios), len(use), tuple(sorted({c.seq_len for c in use})), kind, use is same,
+                text_kind)
 
 
 # ---------------------------------------------------------------- a plan's

