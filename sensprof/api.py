@@ -97,6 +97,8 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
                             llamacpp_channel_order(shape.get("model_class")), menus)
         parse_seq_lens(seq_len, shape["max_positions"])
         _check_sinks_outgrown(menus, shape.get("sliding_windows") or [], lengths[-1])
+        if progress:
+            _note_windows_not_passed(shape.get("sliding_windows") or [], lengths[-1], target)
         result = None
         for n in lengths:  # the shorter ones first (cheap), the longest last: it is the profile the planner reads
             out = (out_dir if n == lengths[-1] else length_dir(out_dir, n)) if out_dir else None
@@ -147,6 +149,18 @@ def _check_sinks_outgrown(menus: str | None, windows: list[int], seq_len: int) -
         raise SensprofError(f"--menus long keeps sink tokens that a sliding-window layer of {w} tokens loses at "
                             f"longer contexts, and a {seq_len}-token profile cannot see it: pass --seq-len above {w} "
                             f"(e.g. {max(2 * w, 1024)}), or leave --menus out")
+
+
+def _note_windows_not_passed(windows: list[int], seq_len: int, target: str | None) -> None:
+    """Before minutes of profiling: windows that never pass a sliding window leave those layers' damage past it to
+    extrapolation, which ranked Gemma 3 270M's layers wrongly at 1024 tokens (sensprof.planning.pricing.
+    outgrown_windows_note says it again beside each plan served past it)."""
+    if windows and seq_len <= max(windows):
+        w = max(windows)
+        route = " --windows 1 --menus long --kl sampled" if target in (None, "sensprof") else ""
+        _stderr_line(f"note: {seq_len}-token windows do not pass this model's {w}-token sliding window, so plans served "
+                     f"past {w} tokens price those layers by extrapolation; for them profile with --seq-len {2 * w}"
+                     f"{route}")
 
 
 def _profile_here(model, tokenizer, text, seq_len, windows, seed, menu, layers, out, model_id, variants_per_pass,

@@ -348,6 +348,9 @@ class Plan:
         serving = serving_line(self)
         if serving:
             lines.append(serving)
+        outgrown = self.outgrown_windows()
+        if outgrown:
+            lines.append(f"note: {outgrown}")
         chosen = self.solver.select
         if chosen:
             won = (f"the uniform configuration {chosen['chosen'].removeprefix('uniform ')} measured "
@@ -366,6 +369,17 @@ class Plan:
         for layer in self.layers:
             lines.append(f"{layer.layer:>5} {layer.kind:<8} {layer.k_scheme:<{w}} {layer.v_scheme}")
         return "\n".join(lines)
+
+    def outgrown_windows(self) -> str | None:
+        """The note for a plan served past a sliding window its profile never passed (pricing.outgrown_windows_note)."""
+        from .planning.prediction import serving_len
+        from .planning.pricing import outgrown_windows_note
+
+        profile_len = (self.predicted.pricing or {}).get("profile_len") or self.profile.settings.get("seq_len")
+        if not profile_len:
+            return None
+        layers = [{"index": l.layer, "kind": l.kind, "window": l.window} for l in self.layers]
+        return outgrown_windows_note(layers, int(profile_len), serving_len(self), self.target)
 
     def engine_summary(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.engine.flags().items()) or "per-layer schemes"

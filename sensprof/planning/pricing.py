@@ -198,6 +198,20 @@ def slid_layers(layers: list[dict], profile_len: int, n: int) -> list[int]:
             if info.get("kind") == "sliding" and info.get("window") and profile_len <= int(info["window"]) < n]
 
 
+def outgrown_windows_note(layers: list[dict], profile_len: int, n: int, target: str = "sensprof") -> str | None:
+    """What a plan served past a sliding window its profile never passed should say: those layers' damage there is
+    extrapolated from windows that never reached it, which ranked Gemma 3 270M's layers wrongly at 1024 tokens
+    (docs/plan-quality.md, "On text of another kind"); None where no layer is so served."""
+    slid = slid_layers(layers, profile_len, n)
+    if not slid:
+        return None
+    w = max(int(info["window"]) for info in layers if int(info["index"]) in slid)
+    return (f"the profile's {profile_len}-token windows never passed the {w}-token sliding window of {len(slid)} of "
+            f"its {len(layers)} layers, which {n} tokens do, so their damage there is extrapolated; to measure it, "
+            f"profile with --seq-len {min(n, 2 * w)}"
+            + (" --windows 1 --menus long --kl sampled" if target == "sensprof" else ""))
+
+
 def sinkless_pricing(table, layers: list[dict], profile_len: int, n: int):
     """(the table with each sink scheme on a slid layer priced as its sinkless scheme there, or dropped where that
     was not profiled; {"layers": [...], "schemes": {scheme: priced as, or None}} or None): module docstring."""

@@ -14,8 +14,8 @@ from conftest import VOCAB, make_tiny_model, one_error_line, run_cli
 from sensprof.planning.budget import Budget
 from sensprof.errors import SensprofError
 from sensprof.planning.plan import make_plan
-from sensprof.planning.pricing import (DEFAULT_CONTEXT_LEN, moved_share, needed_len, price, priced_at, scale, serving_context,
-                              slid_layers, without_sinks)
+from sensprof.planning.pricing import (DEFAULT_CONTEXT_LEN, moved_share, needed_len, outgrown_windows_note, price,
+                                       priced_at, scale, serving_context, slid_layers, without_sinks)
 from sensprof.profiling.profile import run_profile
 from sensprof.schemes import get_scheme, parse_schemes
 from sensprof.profiling.taps import first_quantized_row, quantized_reads
@@ -147,6 +147,29 @@ def test_sink_schemes_on_a_slid_sliding_layer_cost_what_they_cost_without_sinks(
     bare, why = price(_two_layers([("K", "int2_c32_r32_s4", 1e-5), ("K", "int4_c32", 1e-3), ("V", "int4_t32", 1e-3)]),
                       meta, "sensprof", None)
     assert "int2_c32_r32_s4" not in set(bare.scheme) and why.sinkless["schemes"] == {"int2_c32_r32_s4": None}
+
+
+def test_a_plan_served_past_a_window_its_profile_never_passed_says_so():
+    """Gemma 3 270M's default profile (256-token windows) never fills the 512-token window of 15 of its 18 layers: a
+    plan served at 1024 tokens prices those layers by extrapolation, and its plan and description say how to measure
+    them instead; a profile past the window, a cache within it and a model without sliding layers say nothing."""
+    note = outgrown_windows_note(GEMMA_LIKE, 256, 1024)
+    assert note.startswith("the profile's 256-token windows never passed the 512-token sliding window of 1 of its 2 "
+                           "layers, which 1024 tokens do")
+    assert note.endswith("profile with --seq-len 1024 --windows 1 --menus long --kl sampled")
+    assert outgrown_windows_note(GEMMA_LIKE, 256, 4096, "vllm").endswith("profile with --seq-len 1024")
+    assert outgrown_windows_note(GEMMA_LIKE, 256, 768).endswith("--seq-len 768 --windows 1 --menus long --kl sampled")
+    assert outgrown_windows_note(GEMMA_LIKE, 1024, 4096) is None and outgrown_windows_note(GEMMA_LIKE, 256, 512) is None
+    assert outgrown_windows_note([{"index": 0, "kind": "full", "window": None}], 256, 4096) is None
+    from sensprof.artifacts import load_plan
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    gemma = load_plan(os.path.join(root, "plans", "gemma3-270m-sensprof-4bits.json"))  # the default profile's
+    assert gemma.outgrown_windows().startswith("the profile's 256-token windows never passed the 512-token sliding "
+                                               "window of 15 of its 18 layers, which 4096 tokens do")
+    assert f"note: {gemma.outgrown_windows()}" in gemma.describe().splitlines()
+    smol = load_plan(os.path.join(root, "plans", "smollm2-135m-sensprof-5bits.json"))
+    assert smol.outgrown_windows() is None and "note: " not in smol.describe()
 
 
 def test_the_serving_length_is_checked():

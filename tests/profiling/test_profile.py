@@ -299,3 +299,27 @@ def test_long_menus_profile_only_the_layouts_that_win_at_length(tiny_tokenizer, 
     assert "--menus chooses sensprof's own menus; target vllm profiles its engine's types" in line
     line = one_error_line(*run_cli(capsys, "profile", "--menus", "short"))
     assert "--menus" in line and "'long'" in line
+
+
+def test_a_profile_that_never_passes_a_sliding_window_says_how_to_measure_past_it(tiny_tokenizer, capsys):
+    """Before profiling: windows no longer than a sliding window leave that layer's damage past it to extrapolation,
+    which misranked Gemma 3 270M's layers at 1024 tokens; the note names the profile that measures it."""
+    from sensprof import api
+
+    gemma = make_tiny_model("gemma3")  # sliding window 8
+    for seq_len, target in ((8, None), (16, None), (8, "vllm")):
+        api.profile(gemma, tokenizer=tiny_tokenizer, schemes="fp8_e4m3", seq_len=seq_len, windows=1, device="cpu",
+                    target=target, layers="0")
+        err = capsys.readouterr().err
+        note = [line for line in err.splitlines() if line.startswith("sensprof: note: ")]
+        if seq_len > 8:
+            assert not note
+        elif target is None:
+            assert note == ["sensprof: note: 8-token windows do not pass this model's 8-token sliding window, so plans "
+                            "served past 8 tokens price those layers by extrapolation; for them profile with --seq-len "
+                            "16 --windows 1 --menus long --kl sampled"]
+        else:
+            assert len(note) == 1 and note[0].endswith("profile with --seq-len 16")
+    api.profile(make_tiny_model("llama"), tokenizer=tiny_tokenizer, schemes="fp8_e4m3", seq_len=8, windows=1,
+                device="cpu", layers="0")
+    assert "note: " not in capsys.readouterr().err
