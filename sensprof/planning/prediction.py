@@ -215,7 +215,8 @@ class ServingPrediction:
                  "such predictions for plans chosen otherwise (none recorded chosen as this one)")
         line = head + f"; {KINDS[self.kind]} measured {self._range(b)} {which} on {self._where(b)}"
         if self.other_text is not None:
-            line += f", {self._range(self.other_text)} on {self._where(self.other_text)}"
+            o = self.other_text
+            line += f", {self._range(o)}{'' if o.same_selection else ' (plans chosen otherwise)'} on {self._where(o)}"
         else:
             line += ", not yet measured on text of another kind"
         return line + f" ({DOC})"

@@ -390,6 +390,8 @@ def test_the_second_band_is_its_own_kind_of_text_and_absent_where_unmeasured():
     line = p.describe()
     assert "0.90-1.10x such predictions on 2 checks at 1024 tokens of held-out text of the profile's kind" in line
     assert ", 1.50-2.00x on 2 checks at 1024 tokens of text of another kind: 1.5e+00..2.0e+00 (" in line
+    chosen = P.predict(1.0, kind="vllm-cpu", **dict(kw, joint_factor={"1024": 1.0}))  # none of the four was
+    assert ", 1.50-2.00x (plans chosen otherwise) on 2 checks" in chosen.describe()
     alone = P.predict(1.0, kind="vllm-cpu", **dict(kw, checks=checks[:2]))
     assert alone.other_text is None and "not yet measured on text of another kind" in alone.describe()
     assert P.predict(1.0, kind="llamacpp", engine=False, **kw).other_text is None  # the emulation: no engine band
