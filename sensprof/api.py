@@ -155,12 +155,13 @@ def _note_windows_not_passed(windows: list[int], seq_len: int, target: str | Non
     """Before minutes of profiling: windows that never pass a sliding window leave those layers' damage past it to
     extrapolation, which ranked Gemma 3 270M's layers wrongly at 1024 tokens (sensprof.planning.pricing.
     outgrown_windows_note says it again beside each plan served past it)."""
+    from .planning.pricing import past_window_profile
+
     if windows and seq_len <= max(windows):
         w = max(windows)
-        route = " --windows 1 --menus long --kl sampled" if target in (None, "sensprof") else ""
         _stderr_line(f"note: {seq_len}-token windows do not pass this model's {w}-token sliding window, so plans served "
-                     f"past {w} tokens price those layers by extrapolation; for them profile with --seq-len {2 * w}"
-                     f"{route}")
+                     f"past {w} tokens price those layers by extrapolation; for them profile with "
+                     f"{past_window_profile(2 * w, target)}")
 
 
 def _profile_here(model, tokenizer, text, seq_len, windows, seed, menu, layers, out, model_id, variants_per_pass,

@@ -198,6 +198,12 @@ def slid_layers(layers: list[dict], profile_len: int, n: int) -> list[int]:
             if info.get("kind") == "sliding" and info.get("window") and profile_len <= int(info["window"]) < n]
 
 
+def past_window_profile(seq_len: int, target: str | None) -> str:
+    """The profile flags that measure sliding-window layers past their window: the long-context route for sensprof's
+    own target (its long menu), the length alone for an engine's (whose menu is its dtypes)."""
+    return f"--seq-len {seq_len}" + (" --windows 1 --menus long --kl sampled" if target in (None, "sensprof") else "")
+
+
 def outgrown_windows_note(layers: list[dict], profile_len: int, n: int, target: str = "sensprof") -> str | None:
     """What a plan served past a sliding window its profile never passed should say: those layers' damage there is
     extrapolated from windows that never reached it, which ranked Gemma 3 270M's layers wrongly at 1024 tokens
@@ -208,8 +214,7 @@ def outgrown_windows_note(layers: list[dict], profile_len: int, n: int, target: 
     w = max(int(info["window"]) for info in layers if int(info["index"]) in slid)
     return (f"the profile's {profile_len}-token windows never passed the {w}-token sliding window of {len(slid)} of "
             f"its {len(layers)} layers, which {n} tokens do, so their damage there is extrapolated; to measure it, "
-            f"profile with --seq-len {min(n, 2 * w)}"
-            + (" --windows 1 --menus long --kl sampled" if target == "sensprof" else ""))
+            f"profile with {past_window_profile(min(n, 2 * w), target)}")
 
 
 def sinkless_pricing(table, layers: list[dict], profile_len: int, n: int):
