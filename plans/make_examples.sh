@@ -95,7 +95,8 @@ gemma() {  # target profile bits
 }
 if wants gemma && has_gemma; then
   gprofile=profiles/gemma3-270m
-  sensprof profile --model gemma3-270m --out "$gprofile" --quiet   # the defaults; ~18 min on 2 quiet cores
+  sensprof profile --model gemma3-270m --out "$gprofile" --quiet   # the defaults: for its 512-token sliding windows
+  # the long-context route (one 1024-token window, --menus long --kl sampled; 22 min on the AMD machine)
   for bits in 4 5; do gemma sensprof "$gprofile" "$bits"; done
   sensprof report "$gprofile" --plan plans/gemma3-270m-sensprof-5bits.json --out plans/report-gemma3-270m > /dev/null
 fi

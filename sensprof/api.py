@@ -28,20 +28,23 @@ def _model_options(model=None, device="auto", dtype=None, device_map=None, trust
 
 
 def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None, target=None, vllm_gpu=None,
-            tokenizer=None, text=None, seq_len=256, windows=2, seed=0, layers=None, out_dir=None, device="auto",
-            dtype=None, device_map=None, trust_remote_code=False, variants_per_pass=1, kl="exact", screen=False,
+            tokenizer=None, text=None, seq_len=None, windows=None, seed=0, layers=None, out_dir=None, device="auto",
+            dtype=None, device_map=None, trust_remote_code=False, variants_per_pass=1, kl=None, screen=False,
             naive=False, progress=True, quiet_loading=False, ray=None, ray_workers=None, ray_gpus_per_worker=None,
             reads=None, menus=None):
     """Profile a model (an id/path/alias, or a loaded transformers model with its tokenizer).
 
     `schemes` go to both K and V; `k_schemes` / `v_schemes` to one (default: the per-tensor menus named by `menus`,
     "default" or "long" (sensprof.schemes.MENUS), or what `target` can use). `seq_len` may be a list (e.g.
-    "256,1024"): each length is profiled, the longest into `out_dir`, the others into `out_dir`/lengths/<L>. `layers`: a list or a spec such as "0-11". `ray`: True (a
-    Ray cluster on this machine, or the one already initialized) or a Ray address ("auto", "host:6379",
-    "ray://host:10001") fans the cells out over `ray_workers` workers (default one per GPU, else per CPU), each
-    loading the model on `ray_gpus_per_worker` GPUs (default 1; more with `device_map="auto"`). `reads`: how the
-    profiled cache is read, "streaming" or "all" (default: the `target`'s regime, sensprof.pricing; streaming
-    without one). Returns the `Profile` of the longest length (its `.table` is a pandas DataFrame, one row per layer x tensor x scheme).
+    "256,1024"): each length is profiled, the longest into `out_dir`, the others into `out_dir`/lengths/<L>; with
+    `seq_len`, `windows`, `kl`, `menus` and the schemes all left out, two 256-token windows with exact KL, or for a
+    model whose sliding windows those never pass the long-context route (sensprof.profiling.route). `layers`: a
+    list or a spec such as "0-11". `ray`: True (a Ray cluster on this machine, or the one already initialized) or a
+    Ray address ("auto", "host:6379", "ray://host:10001") fans the cells out over `ray_workers` workers (default one
+    per GPU, else per CPU), each loading the model on `ray_gpus_per_worker` GPUs (default 1; more with
+    `device_map="auto"`). `reads`: how the profiled cache is read, "streaming" or "all" (default: the `target`'s
+    regime, sensprof.pricing; streaming without one). Returns the `Profile` of the longest length (its `.table` is a
+    pandas DataFrame, one row per layer x tensor x scheme).
     """
     from .data import parse_seq_lens, text_source
     from .profiling.profile import check_modes
@@ -60,13 +63,17 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
     if isinstance(layers, str) and not layers.replace(",", "").strip():
         raise SensprofError("--layers is empty; pass layers such as 0-11 or 0,5,7-9, or leave --layers out for all")
     profile_menu(schemes, target, vllm_gpu, None, k_schemes, v_schemes, menus=menus)  # a bad menu fails before loading
-    check_modes(kl, screen, replay=not naive, naive=naive)
+    check_modes("exact" if kl is None else kl, screen, replay=not naive, naive=naive)
     from .planning.pricing import profile_reads
+    from .profiling.route import SHORT_SEQ_LEN, profile_route
 
     reads = profile_reads(reads, target)
-    lengths = parse_seq_lens(seq_len)
+    named = {"seq_len": seq_len, "windows": windows, "kl": kl, "menus": menus,
+             "named_schemes": any(x is not None for x in (schemes, k_schemes, v_schemes)), "naive": naive,
+             "reads": reads, "target": target}
+    parse_seq_lens(SHORT_SEQ_LEN if seq_len is None else seq_len)  # a bad --seq-len fails before loading
     for flag, value in (("--windows", windows), ("--variants-per-pass", variants_per_pass)):
-        if value < 1:
+        if value is not None and value < 1:
             raise SensprofError(f"{flag} must be at least 1")
     if ray is None and (ray_workers is not None or ray_gpus_per_worker is not None):
         raise SensprofError("--ray-workers and --ray-gpus-per-worker need --ray")
@@ -93,9 +100,13 @@ def profile(model=DEFAULT_MODEL, schemes=None, *, k_schemes=None, v_schemes=None
                                                       log=_stderr_line if progress else None))
             shape = cluster.shape
         layers = parse_layers(layers, shape["layers"]) if layers is None or isinstance(layers, str) else layers
+        route = profile_route(shape.get("sliding_windows") or [], shape["max_positions"], shape.get("vocab"), **named)
+        seq_len, windows, kl, menus = route.seq_len, route.windows, route.kl, route.menus
+        lengths = parse_seq_lens(seq_len, shape["max_positions"])
+        if progress and route.long:
+            _note_long_route(max(shape["sliding_windows"]), route)
         menu = profile_menu(schemes, target, vllm_gpu, set(shape["head_dims"]), k_schemes, v_schemes,
                             llamacpp_channel_order(shape.get("model_class")), menus)
-        parse_seq_lens(seq_len, shape["max_positions"])
         _check_sinks_outgrown(menus, shape.get("sliding_windows") or [], lengths[-1])
         if progress:
             _note_windows_not_passed(shape.get("sliding_windows") or [], lengths[-1], target)
@@ -141,7 +152,7 @@ def _profiled_model(model, tokenizer, device, dtype, device_map, trust_remote_co
 
 
 def _check_sinks_outgrown(menus: str | None, windows: list[int], seq_len: int) -> None:
-    """--menus long's values (and most of its keys) keep sink tokens; a sliding-window layer the profile never
+    """--menus long's layouts mostly keep sink tokens; a sliding-window layer the profile never
     outgrows is priced for longer contexts by the same layouts without sinks (sensprof.planning.pricing.
     sinkless_pricing), which that menu lacks: refused before minutes of profiling."""
     if menus == "long" and windows and max(windows) >= seq_len:
@@ -149,6 +160,17 @@ def _check_sinks_outgrown(menus: str | None, windows: list[int], seq_len: int) -
         raise SensprofError(f"--menus long keeps sink tokens that a sliding-window layer of {w} tokens loses at "
                             f"longer contexts, and a {seq_len}-token profile cannot see it: pass --seq-len above {w} "
                             f"(e.g. {max(2 * w, 1024)}), or leave --menus out")
+
+
+def _note_long_route(window: int, route) -> None:
+    """Say which profile runs, and how to get the short one: the user named none of its settings."""
+    from .planning.pricing import past_window_profile
+
+    from .profiling.route import SHORT_SEQ_LEN
+
+    _stderr_line(f"the default {SHORT_SEQ_LEN}-token windows never pass this model's {window}-token sliding window, "
+                 f"so it gets the long-context route: {past_window_profile(route.seq_len, None, route.kl)} "
+                 f"(docs/plan-quality.md); name --seq-len {SHORT_SEQ_LEN} for the short profile")
 
 
 def _note_windows_not_passed(windows: list[int], seq_len: int, target: str | None) -> None:

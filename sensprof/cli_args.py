@@ -56,14 +56,19 @@ def _add_text_args(p, seq_len=256, windows=2, lengths=False,
                    text_help=f"{TEXT_FORMS} (default: the built-in mixture of Python's pydoc prose, standard-library "
                              "code and Unicode records)"):
     p.add_argument("--text", type=path_arg, action="append", metavar="FILE", help=text_help)
-    if lengths:
-        p.add_argument("--seq-len", default=str(seq_len),
-                       help=f"tokens per window (default {seq_len}); a list such as 256,1024,4096 profiles each length "
-                            "(the longest in --out, the others in --out/lengths/<L>); `sensprof summary` shows damage "
-                            "vs length")
+    if lengths:  # profile's: left unnamed, the model decides (sensprof.profiling.route)
+        p.add_argument("--seq-len", default=None,
+                       help=f"tokens per window (default {seq_len}, or the long-context route below); a list such as "
+                            "256,1024,4096 profiles each length (the longest in --out, the others in "
+                            "--out/lengths/<L>); `sensprof summary` shows damage vs length")
+        p.add_argument("--windows", type=int, default=None,
+                       help=f"number of windows (default {windows}). With --seq-len, --windows, --kl, --menus and the "
+                            "schemes all left out, a model whose sliding windows are 256 tokens or more (up to 1024) "
+                            "gets the long-context route instead: one window of twice its sliding window, --menus "
+                            "long, --kl sampled")
     else:
         p.add_argument("--seq-len", type=int, default=seq_len, help=f"tokens per window (default {seq_len})")
-    p.add_argument("--windows", type=int, default=windows, help=f"number of windows (default {windows})")
+        p.add_argument("--windows", type=int, default=windows, help=f"number of windows (default {windows})")
     p.add_argument("--seed", type=int, default=0, help="which windows of the text are taken (default 0)")
 
 
@@ -88,9 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the layouts that win at length, for a profile at the length it serves (with --seq-len 1024 "
                         "--windows 1: the default profile's cost; docs/plan-quality.md): keys "
                         + ",".join(LONG_K_SCHEMES) + "; values " + ",".join(LONG_V_SCHEMES))
-    p.add_argument("--kl", default="exact",
-                   help="exact (default: LM head and KL in vocabulary chunks) | sampled[:K] (opt-in approximation: "
-                        "the top K tokens plus K tail samples per position; K=256) | materialized (full logits)")
+    p.add_argument("--kl", default=None,
+                   help="exact (default, but see --windows: LM head and KL in vocabulary chunks) | sampled[:K] "
+                        "(opt-in approximation: the top K tokens plus K tail samples per position; K=256) | "
+                        "materialized (full logits)")
     p.add_argument("--screen", action="store_true",
                    help="opt-in approximation: every cell's local metrics, but end-to-end passes only for the cells "
                         "on each layer's bits-vs-damage hull; the rest get a KL predicted from their local error "

@@ -367,10 +367,11 @@ def describe_layers(model) -> list[LayerInfo]:
 
 def model_shape(model) -> dict:
     """What a profile run must know of a model before it measures anything: its layers, head sizes, positions,
-    class and sliding windows."""
+    class, vocabulary and sliding windows."""
     infos = describe_layers(model)
     return {"layers": len(infos), "head_dims": sorted({i.head_dim for i in infos}),
             "max_positions": max_positions(model), "model_class": type(model).__name__,
+            "vocab": getattr(text_config(model), "vocab_size", None),
             "sliding_windows": sorted({i.window for i in infos if i.kind == "sliding" and i.window})}
 
 

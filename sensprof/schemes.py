@@ -208,16 +208,19 @@ DEFAULT_V_SCHEMES = tuple([f"int{b}_t{g}" for b in (2, 3, 4, 5, 6, 8) for g in (
                           + [f"int{b}_t64_r32_s4" for b in (2, 3, 4, 5, 6, 8)])
 # The long-context menus (`profile --menus long`): the layouts that won at length on both real models (issue 38) -
 # 64-token key groups and 64-channel value groups, 2 to 8 bits, each with 4 sink tokens and a 32-token residual
-# window, plus 32-token key groups at 2 and 3 bits - and keys without the sinks and window (64-token groups at 3 to
+# window, plus 32-token key groups at 2 and 3 bits - and keys without the sinks and window (64-token groups at 2 to
 # 8 bits, 128-token groups at 3 and 4): what the sinks and window buy a key differs by layer more than any other
 # choice measured, and SmolLM2-135M's per-layer plans that may drop them measured 0.41-0.47x the best uniform
 # setting found at 3-6 bits and 1024 tokens (docs/plan-quality.md) - for a profile at the length it serves.
 # Each key also before RoPE (`_pre`, before the `_r`/`_s` modifiers), listed after all of them: SmolLM2-135M's
-# one-window plans with them measured 0.83-0.93x those without at 3-6 bits (docs/plan-quality.md).
+# one-window plans with them measured 0.83-0.93x those without at 3-6 bits (docs/plan-quality.md). Values also
+# without sinks and window at 2 to 4 bits, and plain 2-bit keys: a 32-token window at 16 bits costs half a bit per
+# element at 1024 tokens, which left 3-bit plans at that length below the menu's least budget (3.28 bits on Gemma 3
+# 270M), and then, with plain values alone, behind the uniform int2_c64_pre / int2_t64_r32_s4 (2026-12-08).
 _LONG_K_LAYOUTS = ([(b, 64, "_r32_s4") for b in (2, 3, 4, 5, 6, 8)] + [(b, 32, "_r32_s4") for b in (2, 3)]
-                   + [(b, 64, "") for b in (3, 4, 5, 6, 8)] + [(b, 128, "") for b in (3, 4)])
+                   + [(b, 64, "") for b in (2, 3, 4, 5, 6, 8)] + [(b, 128, "") for b in (3, 4)])
 LONG_K_SCHEMES = tuple(f"int{b}_c{g}{pre}{tail}" for pre in ("", "_pre") for b, g, tail in _LONG_K_LAYOUTS)
-LONG_V_SCHEMES = tuple(f"int{b}_t64_r32_s4" for b in (2, 3, 4, 5, 6, 8))
+LONG_V_SCHEMES = tuple([f"int{b}_t64_r32_s4" for b in (2, 3, 4, 5, 6, 8)] + [f"int{b}_t64" for b in (2, 3, 4)])
 MENUS = {"default": (DEFAULT_K_SCHEMES, DEFAULT_V_SCHEMES), "long": (LONG_K_SCHEMES, LONG_V_SCHEMES)}
 # The old small menu, profiled on K and V alike; kept for `--schemes legacy`-style comparisons in benchmarks.
 DEFAULT_SCHEMES = (

@@ -33,6 +33,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from ..constants import LONG_ROUTE
 from ..errors import SensprofError
 from ..schemes import get_scheme
 
@@ -198,10 +199,11 @@ def slid_layers(layers: list[dict], profile_len: int, n: int) -> list[int]:
             if info.get("kind") == "sliding" and info.get("window") and profile_len <= int(info["window"]) < n]
 
 
-def past_window_profile(seq_len: int, target: str | None) -> str:
+def past_window_profile(seq_len: int, target: str | None, kl: str = LONG_ROUTE["kl"]) -> str:
     """The profile flags that measure sliding-window layers past their window: the long-context route for sensprof's
     own target (its long menu), the length alone for an engine's (whose menu is its dtypes)."""
-    return f"--seq-len {seq_len}" + (" --windows 1 --menus long --kl sampled" if target in (None, "sensprof") else "")
+    rest = "".join(f" --{k} {kl if k == 'kl' else v}" for k, v in LONG_ROUTE.items())
+    return f"--seq-len {seq_len}" + (rest if target in (None, "sensprof") else "")
 
 
 def outgrown_windows_note(layers: list[dict], profile_len: int, n: int, target: str = "sensprof") -> str | None:

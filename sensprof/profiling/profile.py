@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import __version__
-from ..constants import GIB
+from ..constants import GIB, KL_SAMPLED_TOKENS
 from ..errors import SensprofError
 from ..files import write_json
 from .hooks import attention_taps, record_layer_outputs, replay_from
@@ -49,7 +49,7 @@ def parse_kl(kl: str) -> int:
     if kl in ("exact", "materialized"):
         return 0
     if kl == "sampled" or kl.startswith("sampled:"):
-        k = kl.partition(":")[2] or "256"
+        k = kl.partition(":")[2] or str(KL_SAMPLED_TOKENS)
         if k.isdigit() and int(k) >= 1:
             return int(k)
     raise SensprofError(f"--kl {kl!r} is not exact, materialized or sampled[:K] (e.g. sampled:256)")
