@@ -20,7 +20,7 @@ STAGES = {
 ALIASES = {f"sensprof.{m}": f"sensprof.{stage}.{m}" for stage, modules in STAGES.items() for m in modules}
 # modules written inside the stage folders after the move: they never had an old name
 BORN_IN_STAGE = ("sensprof.planning.uniforms", "sensprof.planning.prediction", "sensprof.validation.baselines",
-                 "sensprof.profiling.merge_windows")
+                 "sensprof.profiling.merge_windows", "sensprof.profiling.route")
 
 
 class AliasLoader(importlib.abc.Loader):
