@@ -165,7 +165,6 @@ def _check_sinks_outgrown(menus: str | None, windows: list[int], seq_len: int) -
 def _note_long_route(window: int, route) -> None:
     """Say which profile runs, and how to get the short one: the user named none of its settings."""
     from .planning.pricing import past_window_profile
-
     from .profiling.route import SHORT_SEQ_LEN
 
     _stderr_line(f"the default {SHORT_SEQ_LEN}-token windows never pass this model's {window}-token sliding window, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from .errors import SensprofError
+from .profiling.route import LONGEST_ROUTE, SHORT_SEQ_LEN, SHORT_WINDOWS
 
 
 class Parser(argparse.ArgumentParser):
@@ -63,9 +64,9 @@ def _add_text_args(p, seq_len=256, windows=2, lengths=False,
                             "--out/lengths/<L>); `sensprof summary` shows damage vs length")
         p.add_argument("--windows", type=int, default=None,
                        help=f"number of windows (default {windows}). With --seq-len, --windows, --kl, --menus and the "
-                            "schemes all left out, a model whose sliding windows are 256 tokens or more (up to 1024) "
-                            "gets the long-context route instead: one window of twice its sliding window, --menus "
-                            "long, --kl sampled")
+                            f"schemes all left out, a model whose sliding windows are {seq_len} tokens or more (up "
+                            f"to {LONGEST_ROUTE // 2}) gets the long-context route instead: one window of twice its "
+                            "sliding window, --menus long, --kl sampled")
     else:
         p.add_argument("--seq-len", type=int, default=seq_len, help=f"tokens per window (default {seq_len})")
         p.add_argument("--windows", type=int, default=windows, help=f"number of windows (default {windows})")
@@ -80,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="measure the damage of quantizing each layer's K and V with each scheme")
     _add_model_args(p)
-    _add_text_args(p, lengths=True)
+    _add_text_args(p, seq_len=SHORT_SEQ_LEN, windows=SHORT_WINDOWS, lengths=True)
     p.add_argument("--schemes", default=None,
                    help="comma-separated scheme names for both K and V (see `sensprof schemes`); default: the K and "
                         "V menus below, or those --target needs")

@@ -202,7 +202,7 @@ def slid_layers(layers: list[dict], profile_len: int, n: int) -> list[int]:
 def past_window_profile(seq_len: int, target: str | None, kl: str = LONG_ROUTE["kl"]) -> str:
     """The profile flags that measure sliding-window layers past their window: the long-context route for sensprof's
     own target (its long menu), the length alone for an engine's (whose menu is its dtypes)."""
-    rest = "".join(f" --{k} {kl if k == 'kl' else v}" for k, v in LONG_ROUTE.items())
+    rest = "".join(f" --{k} {v}" for k, v in {**LONG_ROUTE, "kl": kl}.items())
     return f"--seq-len {seq_len}" + (rest if target in (None, "sensprof") else "")
 
 
